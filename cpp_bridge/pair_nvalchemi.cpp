@@ -1,0 +1,293 @@
+/* ----------------------------------------------------------------------
+   nvalchemi-lammps: pair_style nvalchemi
+
+   Each step the pair style gives the model this rank's atoms (owned rows
+   first, then ghosts, as LAMMPS stores them) and every directed pair (i, j)
+   with i owned and r_ij < cutoff, and takes back the owned atoms' energies
+   and the pair forces fij = +dE/drij. Forces on ghost atoms are left for
+   LAMMPS's reverse communication (newton pair on), so a multi-rank run equals
+   a single-process one to rounding.
+------------------------------------------------------------------------- */
+
+#include "pair_nvalchemi.h"
+
+#include "atom.h"
+#include "comm.h"
+#include "error.h"
+#include "force.h"
+#include "memory.h"
+#include "neigh_list.h"
+#include "neighbor.h"
+#include "update.h"
+
+#include "python_bridge.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace LAMMPS_NS;
+using NvalchemiLammps::PythonSession;
+
+/* ---------------------------------------------------------------------- */
+
+PairNvalchemi::PairNvalchemi(LAMMPS *lmp) :
+    Pair(lmp), session(nullptr), cutoff(0.0), map(nullptr), maxatom(0), maxpair(0),
+    species(nullptr), pair_i(nullptr), pair_j(nullptr), rij(nullptr), pair_forces(nullptr),
+    atom_energies(nullptr)
+{
+  single_enable = 0;
+  restartinfo = 0;
+  one_coeff = 1;
+  manybody_flag = 1;
+  centroidstressflag = CENTROID_NOTAVAIL;
+}
+
+/* ---------------------------------------------------------------------- */
+
+PairNvalchemi::~PairNvalchemi()
+{
+  if (copymode) return;
+  delete session;
+  memory->destroy(species);
+  memory->destroy(pair_i);
+  memory->destroy(pair_j);
+  memory->destroy(rij);
+  memory->destroy(pair_forces);
+  memory->destroy(atom_energies);
+  if (allocated) {
+    memory->destroy(setflag);
+    memory->destroy(cutsq);
+    delete[] map;
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+
+void PairNvalchemi::compute(int eflag, int vflag)
+{
+  ev_init(eflag, vflag);
+
+  double **x = atom->x;
+  double **f = atom->f;
+  const int *type = atom->type;
+  const int nlocal = atom->nlocal;
+  const int ntotal = nlocal + atom->nghost;
+  const int inum = list->inum;
+  const int *ilist = list->ilist;
+  const int *numneigh = list->numneigh;
+  int **firstneigh = list->firstneigh;
+
+  int maxneigh = 0;
+  for (int ii = 0; ii < inum; ii++) maxneigh += numneigh[ilist[ii]];
+  grow_buffers(ntotal, maxneigh);
+
+  for (int k = 0; k < ntotal; k++) species[k] = map[type[k]];
+
+  // every directed pair inside the cutoff; ghosts only as senders j
+  const double cutsq_model = cutoff * cutoff;
+  int npairs = 0;
+  for (int ii = 0; ii < inum; ii++) {
+    const int i = ilist[ii];
+    if (species[i] < 0) continue;
+    const int *jlist = firstneigh[i];
+    for (int jj = 0; jj < numneigh[i]; jj++) {
+      const int j = jlist[jj] & NEIGHMASK;
+      if (species[j] < 0) continue;
+      const double dx = x[j][0] - x[i][0];
+      const double dy = x[j][1] - x[i][1];
+      const double dz = x[j][2] - x[i][2];
+      if (dx * dx + dy * dy + dz * dz < cutsq_model) {
+        pair_i[npairs] = i;
+        pair_j[npairs] = j;
+        rij[3 * npairs + 0] = dx;
+        rij[3 * npairs + 1] = dy;
+        rij[3 * npairs + 2] = dz;
+        npairs++;
+      }
+    }
+  }
+
+  double energy = 0.0;
+  try {
+    energy = session->compute(nlocal, ntotal, species, npairs, pair_i, pair_j, rij,
+                              atom_energies, pair_forces);
+  } catch (std::exception &err) {
+    // rank-local failure: error->one aborts every rank instead of leaving the
+    // others waiting in the next collective
+    error->one(FLERR, "Pair style nvalchemi failed: {}", err.what());
+  }
+
+  for (int k = 0; k < npairs; k++) {
+    const int i = static_cast<int>(pair_i[k]);
+    const int j = static_cast<int>(pair_j[k]);
+    const double *fij = pair_forces + 3 * k;
+    f[i][0] += fij[0];
+    f[i][1] += fij[1];
+    f[i][2] += fij[2];
+    f[j][0] -= fij[0];
+    f[j][1] -= fij[1];
+    f[j][2] -= fij[2];
+    // virial (x_i - x_j) (x) f_i = -rij (x) fij; per atom, half onto i and half onto j.
+    // With fdotr (the default) the global part waits for virial_fdotr_compute().
+    if (vflag_either) {
+      const double *d = rij + 3 * k;
+      ev_tally_xyz(i, j, nlocal, 1, 0.0, 0.0, fij[0], fij[1], fij[2], -d[0], -d[1], -d[2]);
+    }
+  }
+
+  if (eflag_global) eng_vdwl += energy;
+  if (eflag_atom)
+    for (int i = 0; i < nlocal; i++) eatom[i] += atom_energies[i];
+
+  if (vflag_fdotr) virial_fdotr_compute();
+}
+
+/* ----------------------------------------------------------------------
+   global settings: pair_style nvalchemi <model file>
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::settings(int narg, char **arg)
+{
+  if (narg < 1) utils::missing_cmd_args(FLERR, "pair_style nvalchemi", error);
+  if (narg > 1) error->all(FLERR, "Unknown pair_style nvalchemi keyword: {}", arg[1]);
+
+  // settings() may run more than once: drop the previous model
+  delete session;
+  session = nullptr;
+
+  const std::string model_path = arg[0];
+  std::string message;
+  try {
+    session = new PythonSession(model_path, comm->nthreads);
+  } catch (std::exception &err) {
+    message = err.what();
+  }
+
+  // A failure on some ranks only must still stop every rank.
+  int failed = message.empty() ? 0 : 1;
+  int nfailed = 0;
+  MPI_Allreduce(&failed, &nfailed, 1, MPI_INT, MPI_SUM, world);
+  if (nfailed == comm->nprocs)
+    error->all(FLERR, "Pair style nvalchemi cannot load model {}: {}", model_path, message);
+  if (failed) error->one(FLERR, "Pair style nvalchemi cannot load model {}: {}", model_path, message);
+  if (nfailed) error->all(FLERR, "Pair style nvalchemi: model {} failed to load on {} rank(s)",
+                          model_path, nfailed);
+
+  cutoff = session->cutoff();
+  if (comm->me == 0)
+    utils::logmesg(lmp, "pair_style nvalchemi: {} from {}\n", session->description(), model_path);
+}
+
+/* ----------------------------------------------------------------------
+   allocate all arrays
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::allocate()
+{
+  allocated = 1;
+  const int np1 = atom->ntypes + 1;
+  memory->create(setflag, np1, np1, "pair:setflag");
+  memory->create(cutsq, np1, np1, "pair:cutsq");
+  map = new int[np1];
+  for (int i = 0; i < np1; i++) {
+    map[i] = -1;
+    for (int j = 0; j < np1; j++) setflag[i][j] = 0;
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+
+void PairNvalchemi::grow_buffers(int natoms, int npairs)
+{
+  if (natoms > maxatom) {
+    maxatom = natoms;
+    memory->destroy(species);
+    memory->destroy(atom_energies);
+    memory->create(species, maxatom, "pair:species");
+    memory->create(atom_energies, maxatom, "pair:atom_energies");
+  }
+  if (npairs > maxpair) {
+    maxpair = npairs;
+    memory->destroy(pair_i);
+    memory->destroy(pair_j);
+    memory->destroy(rij);
+    memory->destroy(pair_forces);
+    memory->create(pair_i, maxpair, "pair:pair_i");
+    memory->create(pair_j, maxpair, "pair:pair_j");
+    memory->create(rij, 3 * maxpair, "pair:rij");
+    memory->create(pair_forces, 3 * maxpair, "pair:pair_forces");
+  }
+}
+
+/* ----------------------------------------------------------------------
+   set coeffs: pair_coeff * * <element or NULL per atom type>
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::coeff(int narg, char **arg)
+{
+  if (!session) error->all(FLERR, "Pair style nvalchemi: pair_style must name a model file");
+  if (!allocated) allocate();
+
+  const int ntypes = atom->ntypes;
+  if (narg < 2 || strcmp(arg[0], "*") != 0 || strcmp(arg[1], "*") != 0)
+    error->all(FLERR, "Pair style nvalchemi needs pair_coeff * * followed by one element "
+               "name per atom type");
+  if (narg != 2 + ntypes)
+    error->all(FLERR, "pair_coeff * * for pair style nvalchemi needs {} element names (one per "
+               "atom type, NULL to skip a type), got {}", ntypes, narg - 2);
+
+  std::vector<std::string> names(arg + 2, arg + narg);
+  std::vector<int> mapped;
+  try {
+    mapped = session->map_types(names);
+  } catch (std::exception &err) {
+    error->all(FLERR, "pair_coeff for pair style nvalchemi: {}", err.what());
+  }
+
+  for (int i = 1; i <= ntypes; i++) map[i] = mapped[i - 1];
+  int count = 0;
+  for (int i = 1; i <= ntypes; i++)
+    for (int j = i; j <= ntypes; j++) {
+      setflag[i][j] = (map[i] >= 0 && map[j] >= 0) ? 1 : 0;
+      count += setflag[i][j];
+    }
+  if (count == 0) error->all(FLERR, "pair_coeff for pair style nvalchemi maps no atom type");
+}
+
+/* ----------------------------------------------------------------------
+   init specific to this pair style
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::init_style()
+{
+  if (!session) error->all(FLERR, "Pair style nvalchemi: pair_style must name a model file");
+  if (force->newton_pair == 0) error->all(FLERR, "Pair style nvalchemi requires newton pair on");
+  if (atom->tag_enable == 0) error->all(FLERR, "Pair style nvalchemi requires atom IDs");
+  if (session->units() != update->unit_style)
+    error->all(FLERR, "Pair style nvalchemi: the model is in units {} but the input uses units "
+               "{}; add 'units {}' before the box is created", session->units(),
+               update->unit_style, session->units());
+
+  // full list: every owned atom sees all its neighbors, ghosts included
+  neighbor->add_request(this, NeighConst::REQ_FULL);
+}
+
+/* ----------------------------------------------------------------------
+   init for one type pair i,j and corresponding j,i
+------------------------------------------------------------------------- */
+
+double PairNvalchemi::init_one(int /*i*/, int /*j*/)
+{
+  return cutoff;
+}
+
+/* ---------------------------------------------------------------------- */
+
+double PairNvalchemi::memory_usage()
+{
+  double bytes = Pair::memory_usage();
+  bytes += static_cast<double>(maxatom) * (sizeof(bigint) + sizeof(double));
+  bytes += static_cast<double>(maxpair) * (2 * sizeof(bigint) + 6 * sizeof(double));
+  return bytes;
+}

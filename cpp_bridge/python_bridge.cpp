@@ -1,0 +1,208 @@
+/* ----------------------------------------------------------------------
+   nvalchemi-lammps: embedded Python for pair_style nvalchemi.
+
+   When LAMMPS runs as a plain executable, the interpreter of the environment
+   nvalchemi-lammps is installed in is started here; when LAMMPS is driven from
+   Python, the running interpreter is reused. Every entry takes the GIL.
+------------------------------------------------------------------------- */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "python_bridge.h"
+
+#include <cstdlib>
+#include <dlfcn.h>
+
+using namespace NvalchemiLammps;
+
+namespace {
+
+constexpr const char *FRONTEND_MODULE = "nvalchemi_lammps.frontends.plugin";
+constexpr const char *PYTHON_ENV_VAR = "NVALCHEMI_LAMMPS_PYTHON";
+
+class GilLock {
+ public:
+  GilLock() : state_(PyGILState_Ensure()) {}
+  ~GilLock() { PyGILState_Release(state_); }
+
+ private:
+  PyGILState_STATE state_;
+};
+
+// Owned reference, released on scope exit.
+class PyRef {
+ public:
+  explicit PyRef(PyObject *obj = nullptr) : obj_(obj) {}
+  ~PyRef() { Py_XDECREF(obj_); }
+  PyRef(const PyRef &) = delete;
+  PyRef &operator=(const PyRef &) = delete;
+  PyObject *get() const { return obj_; }
+  explicit operator bool() const { return obj_ != nullptr; }
+
+ private:
+  PyObject *obj_;
+};
+
+/* ----------------------------------------------------------------------
+   turn the pending Python exception into a PythonError; errors the user can
+   fix (ValueError, OSError, ...) keep to one line, anything else also prints
+   its traceback to stderr on this rank
+------------------------------------------------------------------------- */
+
+[[noreturn]] void raise_python_error(const std::string &context)
+{
+  PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  std::string text = "unknown Python error";
+  if (value) {
+    const bool expected = PyErr_GivenExceptionMatches(type, PyExc_ValueError) ||
+        PyErr_GivenExceptionMatches(type, PyExc_OSError) ||
+        PyErr_GivenExceptionMatches(type, PyExc_ImportError);
+    PyRef str(PyObject_Str(value));
+    const char *message = str ? PyUnicode_AsUTF8(str.get()) : nullptr;
+    const char *name = reinterpret_cast<PyTypeObject *>(type)->tp_name;
+    text = std::string(name) + ": " + (message ? message : "");
+    if (!expected) {
+      Py_XINCREF(type);
+      Py_XINCREF(value);
+      Py_XINCREF(traceback);
+      PyErr_Restore(type, value, traceback);
+      PyErr_Print();
+    }
+  }
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(traceback);
+  PyErr_Clear();
+  throw PythonError(context + text);
+}
+
+/* ----------------------------------------------------------------------
+   start the interpreter once per process if nobody has
+------------------------------------------------------------------------- */
+
+void start_python()
+{
+  if (Py_IsInitialized()) return;
+
+  // The plugin was dlopen()-ed privately; extension modules (numpy, torch)
+  // resolve the C API from the global namespace, so promote libpython there.
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void *>(&Py_IsInitialized), &info) && info.dli_fname)
+    dlopen(info.dli_fname, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
+
+  // The interpreter of the environment nvalchemi-lammps is installed in:
+  // the lammps launcher names it, else the one the plugin was built with.
+  const char *executable = std::getenv(PYTHON_ENV_VAR);
+  if (!executable || !*executable) executable = NVALCHEMI_PYTHON_EXECUTABLE;
+
+  PyConfig config;
+  PyConfig_InitPythonConfig(&config);
+  config.install_signal_handlers = 0;    // LAMMPS and MPI own the signals
+  config.parse_argv = 0;
+  PyStatus status = PyConfig_SetBytesString(&config, &config.program_name, executable);
+  if (!PyStatus_Exception(status)) status = Py_InitializeFromConfig(&config);
+  PyConfig_Clear(&config);
+  if (PyStatus_Exception(status))
+    throw PythonError(std::string("cannot start Python ") + executable + ": " +
+                      (status.err_msg ? status.err_msg : "unknown error"));
+  PyEval_SaveThread();    // release the GIL; every entry takes it with GilLock
+}
+
+PyObject *writable_view(const void *data, size_t nbytes)
+{
+  static char empty = 0;
+  char *ptr = nbytes ? static_cast<char *>(const_cast<void *>(data)) : &empty;
+  return PyMemoryView_FromMemory(ptr, static_cast<Py_ssize_t>(nbytes), PyBUF_WRITE);
+}
+
+}    // namespace
+
+/* ---------------------------------------------------------------------- */
+
+PythonSession::PythonSession(const std::string &model_path, int num_threads) :
+    session_(nullptr), cutoff_(0.0)
+{
+  start_python();
+  GilLock gil;
+  PyRef module(PyImport_ImportModule(FRONTEND_MODULE));
+  if (!module) raise_python_error("cannot import nvalchemi_lammps: ");
+  PyRef session(PyObject_CallMethod(module.get(), "open_session", "si", model_path.c_str(),
+                                    num_threads));
+  if (!session) raise_python_error("");
+
+  PyRef cutoff(PyObject_GetAttrString(session.get(), "cutoff"));
+  PyRef units(PyObject_GetAttrString(session.get(), "units"));
+  PyRef description(PyObject_CallMethod(session.get(), "describe", nullptr));
+  if (!cutoff || !units || !description) raise_python_error("");
+  cutoff_ = PyFloat_AsDouble(cutoff.get());
+  const char *units_text = PyUnicode_AsUTF8(units.get());
+  const char *description_text = PyUnicode_AsUTF8(description.get());
+  if (PyErr_Occurred() || !units_text || !description_text) raise_python_error("");
+  units_ = units_text;
+  description_ = description_text;
+
+  Py_INCREF(session.get());
+  session_ = session.get();
+}
+
+/* ---------------------------------------------------------------------- */
+
+PythonSession::~PythonSession()
+{
+  if (!session_ || !Py_IsInitialized()) return;
+  GilLock gil;
+  Py_DECREF(static_cast<PyObject *>(session_));
+}
+
+/* ---------------------------------------------------------------------- */
+
+std::vector<int> PythonSession::map_types(const std::vector<std::string> &names)
+{
+  GilLock gil;
+  PyRef list(PyList_New(static_cast<Py_ssize_t>(names.size())));
+  if (!list) raise_python_error("");
+  for (size_t k = 0; k < names.size(); ++k)
+    PyList_SET_ITEM(list.get(), k, PyUnicode_FromString(names[k].c_str()));
+  PyRef mapped(
+      PyObject_CallMethod(static_cast<PyObject *>(session_), "map_types", "O", list.get()));
+  if (!mapped) raise_python_error("");
+
+  std::vector<int> result;
+  PyRef seq(PySequence_Fast(mapped.get(), "map_types must return a sequence"));
+  if (!seq) raise_python_error("");
+  for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq.get()); ++k)
+    result.push_back(static_cast<int>(PyLong_AsLong(PySequence_Fast_GET_ITEM(seq.get(), k))));
+  if (PyErr_Occurred()) raise_python_error("");
+  return result;
+}
+
+/* ---------------------------------------------------------------------- */
+
+double PythonSession::compute(int nlocal, int ntotal, const int64_t *species, int npairs,
+                              const int64_t *pair_i, const int64_t *pair_j, const double *rij,
+                              double *atom_energies, double *pair_forces)
+{
+  GilLock gil;
+  const size_t np = static_cast<size_t>(npairs);
+  PyRef species_view(writable_view(species, sizeof(int64_t) * ntotal));
+  PyRef pair_i_view(writable_view(pair_i, sizeof(int64_t) * np));
+  PyRef pair_j_view(writable_view(pair_j, sizeof(int64_t) * np));
+  PyRef rij_view(writable_view(rij, sizeof(double) * 3 * np));
+  PyRef energies_view(writable_view(atom_energies, sizeof(double) * nlocal));
+  PyRef forces_view(writable_view(pair_forces, sizeof(double) * 3 * np));
+  if (!species_view || !pair_i_view || !pair_j_view || !rij_view || !energies_view ||
+      !forces_view)
+    raise_python_error("");
+
+  PyRef energy(PyObject_CallMethod(static_cast<PyObject *>(session_), "compute", "nOOOOOO",
+                                   static_cast<Py_ssize_t>(nlocal), species_view.get(),
+                                   pair_i_view.get(), pair_j_view.get(), rij_view.get(),
+                                   energies_view.get(), forces_view.get()));
+  if (!energy) raise_python_error("");
+  const double value = PyFloat_AsDouble(energy.get());
+  if (PyErr_Occurred()) raise_python_error("");
+  return value;
+}

@@ -1,0 +1,66 @@
+"""The model file: a versioned torch archive of plain data, safe to load.
+
+The file holds only strings, numbers, lists, dicts and tensors, read back with
+``torch.load(weights_only=True)``: loading a model never runs code from the file. The
+potential's class is looked up by name among the installed potentials.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+
+from .potentials import Potential, potential_class
+
+FORMAT = "nvalchemi-lammps-model"
+#: Bumped when the layout of the file changes incompatibly.
+FORMAT_VERSION = 1
+
+
+class ModelFileError(ValueError):
+    """A model file that is missing, unreadable, or not one we can use."""
+
+
+def save_model(potential: Potential, path: str | os.PathLike) -> Path:
+    """Write ``potential`` to ``path`` (CPU tensors)."""
+    path = Path(path)
+    record = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "potential": potential.name,
+        "spec": potential.spec.to_dict(),
+        "config": potential.config(),
+        "state_dict": {k: v.detach().cpu() for k, v in potential.state_dict().items()},
+    }
+    torch.save(record, path)
+    return path
+
+
+def load_model(path: str | os.PathLike) -> Potential:
+    """Read a model file written by :func:`save_model` (on the CPU, in eval mode).
+
+    :raises ModelFileError: the file is missing, corrupt, of another format, or of an
+        unknown format version
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError(f"model file {path} not found")
+    try:
+        record = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, EOFError, OSError) as err:
+        raise ModelFileError(f"cannot read model file {path}: {err}") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise ModelFileError(f"{path} is not an nvalchemi-lammps model file")
+    version = record.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ModelFileError(
+            f"model file {path} has format version {version}; this nvalchemi-lammps reads "
+            f"version {FORMAT_VERSION}: export it again with this version"
+        )
+    potential = potential_class(record["potential"]).from_config(record["config"])
+    potential.load_state_dict(record["state_dict"])
+    return potential.eval()

@@ -1,0 +1,12 @@
+"""The data contract between a LAMMPS front door and a potential.
+
+A front door (the ``pair_style nvalchemi`` plugin, or ML-IAP) fills a :class:`LocalGraph`
+for one MPI rank and one step; a potential turns it into per-atom energies. Neither side
+knows the other.
+"""
+
+from ._comm import Comm, NoOpComm
+from ._graph import LocalGraph
+from ._spec import UNIT_STYLES, ModelSpec
+
+__all__ = ["Comm", "LocalGraph", "ModelSpec", "NoOpComm", "UNIT_STYLES"]

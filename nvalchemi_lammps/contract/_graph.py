@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ._comm import Comm, NoOpComm
+
+
+@dataclass(frozen=True)
+class LocalGraph:
+    """One rank's atoms and pairs for one step, in LAMMPS's own order.
+
+    Rows ``[0, nlocal)`` are the atoms this rank owns, rows ``[nlocal, ntotal)`` its ghosts.
+    ``rij[k] = x[pair_j[k]] - x[pair_i[k]]`` with periodic images already applied, so a
+    potential never needs the cell. Every directed pair within the cutoff is listed: an
+    owned-owned pair appears twice (i->j and j->i), an owned-ghost pair once on this rank.
+
+    :param nlocal: number of owned atoms
+    :param species: ``(ntotal,)`` int64, model element index of every atom, -1 for atoms
+        whose LAMMPS type is mapped to ``NULL``
+    :param pair_i: ``(npairs,)`` int64, receiving atom (owned)
+    :param pair_j: ``(npairs,)`` int64, sending atom (owned or ghost)
+    :param rij: ``(npairs, 3)`` pair vectors, in the potential's dtype
+    :param comm: collectives across ranks (:class:`NoOpComm` on a single process)
+    """
+
+    nlocal: int
+    species: torch.Tensor
+    pair_i: torch.Tensor
+    pair_j: torch.Tensor
+    rij: torch.Tensor
+    comm: Comm = field(default_factory=NoOpComm)
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.species.shape[0])
+
+    @property
+    def npairs(self) -> int:
+        return int(self.pair_i.shape[0])

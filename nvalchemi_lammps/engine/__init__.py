@@ -1,0 +1,5 @@
+"""The engine: the one place where a front door's arrays meet a potential."""
+
+from ._evaluate import Evaluation, evaluate
+
+__all__ = ["Evaluation", "evaluate"]

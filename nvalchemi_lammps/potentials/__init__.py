@@ -1,0 +1,7 @@
+"""Potentials: torch modules that turn a :class:`~nvalchemi_lammps.contract.LocalGraph` into
+per-atom energies. They know physics, not LAMMPS or MPI."""
+
+from ._base import Potential, potential_class, register_potential
+from .lennard_jones import LennardJones
+
+__all__ = ["LennardJones", "Potential", "potential_class", "register_potential"]

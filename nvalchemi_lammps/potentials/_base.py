@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..contract import LocalGraph, ModelSpec
+
+_REGISTRY: dict[str, type[Potential]] = {}
+
+
+class Potential(torch.nn.Module):
+    """Base class of every potential.
+
+    A subclass sets ``name`` (the key written to model files), keeps a :class:`ModelSpec`
+    in ``self.spec``, and implements:
+
+    - ``forward(graph) -> energies``: ``(ntotal,)`` per-atom energies in ``spec.dtype``; the
+      engine sums rows ``[0, nlocal)`` only, so ghost rows may hold anything finite;
+    - ``config() -> dict``: JSON-serialisable constructor arguments, so that
+      ``type(p).from_config(p.config())`` rebuilds the same potential (weights come back
+      through ``state_dict``).
+    """
+
+    name: str = ""
+    spec: ModelSpec
+
+    def forward(self, graph: LocalGraph) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def config(self) -> dict[str, Any]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Potential:
+        return cls(**config)
+
+
+def register_potential(cls: type[Potential]) -> type[Potential]:
+    """Class decorator: make ``cls`` loadable from model files under ``cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__qualname__} has no name")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def potential_class(name: str) -> type[Potential]:
+    """The registered potential class called ``name``."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY)) or "none"
+        raise ValueError(f"unknown potential '{name}' (known: {known})") from None

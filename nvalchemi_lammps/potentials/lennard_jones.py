@@ -1,0 +1,133 @@
+"""Lennard-Jones 12-6 with LAMMPS ``pair_style lj/cut`` conventions."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import torch
+
+from ..contract import LocalGraph, ModelSpec
+from ._base import Potential, register_potential
+
+#: ``pair_modify mix`` rules of LAMMPS (``Pair::mix_energy`` / ``Pair::mix_distance``).
+MIXING_RULES = ("geometric", "arithmetic", "sixthpower")
+
+
+def _mix(rule: str, eps_i: float, eps_j: float, sig_i: float, sig_j: float) -> tuple[float, float]:
+    if rule == "geometric":
+        return math.sqrt(eps_i * eps_j), math.sqrt(sig_i * sig_j)
+    if rule == "arithmetic":
+        return math.sqrt(eps_i * eps_j), 0.5 * (sig_i + sig_j)
+    s6i, s6j = sig_i**6, sig_j**6
+    eps = 2.0 * math.sqrt(eps_i * eps_j) * sig_i**3 * sig_j**3 / (s6i + s6j)
+    return eps, (0.5 * (s6i + s6j)) ** (1.0 / 6.0)
+
+
+@register_potential
+class LennardJones(Potential):
+    """``E = sum_{i<j} 4 eps_ij [(sig_ij/r)^12 - (sig_ij/r)^6] - offset_ij`` for r < rc_ij.
+
+    Unlike pairs take ``eps``/``sig`` from the mixing rule unless ``pairs`` sets them, as
+    ``pair_coeff`` after ``pair_modify mix`` does in LAMMPS. The pair cutoff is the pair's
+    own ``cutoff`` if given, else the global ``cutoff`` (LAMMPS mixes per-type cutoffs; here
+    they are per pair). With ``shift`` the energy is shifted to zero at each pair's cutoff
+    (``pair_modify shift yes``).
+
+    :param elements: element names
+    :param epsilon: well depth per element (energy unit of ``units``)
+    :param sigma: zero-crossing distance per element (length unit of ``units``)
+    :param cutoff: global cutoff
+    :param pairs: explicit parameters for element pairs: dicts with ``elements`` (two
+        names) and any of ``epsilon``, ``sigma``, ``cutoff``
+    :param mixing: ``geometric`` (LAMMPS default), ``arithmetic`` or ``sixthpower``
+    :param shift: shift pair energies to zero at the cutoff
+    :param units: ``metal`` (eV, Angstrom) or ``real`` (kcal/mol, Angstrom)
+    :param dtype: ``float64`` or ``float32``
+    """
+
+    name = "lennard_jones"
+
+    def __init__(
+        self,
+        elements: list[str],
+        epsilon: dict[str, float],
+        sigma: dict[str, float],
+        cutoff: float,
+        pairs: list[dict[str, Any]] | None = None,
+        mixing: str = "geometric",
+        shift: bool = False,
+        units: str = "metal",
+        dtype: str = "float64",
+    ) -> None:
+        super().__init__()
+        if mixing not in MIXING_RULES:
+            raise ValueError(f"mixing must be one of {', '.join(MIXING_RULES)}; got '{mixing}'")
+        for table, what in ((epsilon, "epsilon"), (sigma, "sigma")):
+            missing = [e for e in elements if e not in table]
+            if missing:
+                raise ValueError(f"{what} missing for element(s) {', '.join(missing)}")
+        pairs = [dict(p) for p in (pairs or [])]
+        index = {e: k for k, e in enumerate(elements)}
+        n = len(elements)
+        eps = [[0.0] * n for _ in range(n)]
+        sig = [[0.0] * n for _ in range(n)]
+        cut = [[float(cutoff)] * n for _ in range(n)]
+        for a, b in itertools.product(range(n), repeat=2):
+            ea, eb = elements[a], elements[b]
+            eps[a][b], sig[a][b] = _mix(mixing, epsilon[ea], epsilon[eb], sigma[ea], sigma[eb])
+        for pair in pairs:
+            names = pair.get("elements", ())
+            unknown = [e for e in names if e not in index]
+            if len(names) != 2 or unknown:
+                raise ValueError(f"pair entry {pair} must name two of the elements {elements}")
+            extra = set(pair) - {"elements", "epsilon", "sigma", "cutoff"}
+            if extra:
+                raise ValueError(f"unknown pair parameter(s) {', '.join(sorted(extra))}")
+            a, b = index[names[0]], index[names[1]]
+            for k, table in (("epsilon", eps), ("sigma", sig), ("cutoff", cut)):
+                if k in pair:
+                    table[a][b] = table[b][a] = float(pair[k])
+        max_cut = max(max(row) for row in cut)
+        self.spec = ModelSpec(elements=tuple(elements), cutoff=max_cut, units=units, dtype=dtype)
+        self._config = dict(
+            elements=list(elements),
+            epsilon={e: float(epsilon[e]) for e in elements},
+            sigma={e: float(sigma[e]) for e in elements},
+            cutoff=float(cutoff),
+            pairs=pairs,
+            mixing=mixing,
+            shift=bool(shift),
+            units=units,
+            dtype=dtype,
+        )
+        # Same coefficients as lj/cut's init_one: lj3 = 4 eps sig^12, lj4 = 4 eps sig^6.
+        f64 = torch.float64
+        eps_t, sig_t, cut_t = (torch.tensor(t, dtype=f64) for t in (eps, sig, cut))
+        lj3 = 4.0 * eps_t * sig_t**12
+        lj4 = 4.0 * eps_t * sig_t**6
+        offset = torch.zeros_like(lj3)
+        if shift:
+            ratio6 = (sig_t / cut_t) ** 6
+            offset = 4.0 * eps_t * (ratio6 * ratio6 - ratio6)
+        dt = self.spec.torch_dtype
+        self.register_buffer("lj3", lj3.to(dt))
+        self.register_buffer("lj4", lj4.to(dt))
+        self.register_buffer("offset", offset.to(dt))
+        self.register_buffer("cutsq", (cut_t * cut_t).to(dt))
+
+    def config(self) -> dict[str, Any]:
+        return dict(self._config)
+
+    def forward(self, graph: LocalGraph) -> torch.Tensor:
+        si = graph.species[graph.pair_i]
+        sj = graph.species[graph.pair_j]
+        rsq = (graph.rij * graph.rij).sum(dim=1)
+        r2inv = 1.0 / rsq
+        r6inv = r2inv * r2inv * r2inv
+        pair_energy = r6inv * (self.lj3[si, sj] * r6inv - self.lj4[si, sj]) - self.offset[si, sj]
+        pair_energy = torch.where(rsq < self.cutsq[si, sj], pair_energy, 0.0)
+        # Each directed pair carries half the pair energy to its receiver.
+        energies = torch.zeros(graph.ntotal, dtype=graph.rij.dtype, device=graph.rij.device)
+        return energies.index_add(0, graph.pair_i, 0.5 * pair_energy)
