@@ -11,7 +11,10 @@ PLUGIN_FILE = "nvalchemiplugin.so"
 
 def plugin_path() -> str:
     """Full path of the installed ``nvalchemiplugin.so`` (for ``plugin load``)."""
-    files = metadata.files("nvalchemi-lammps") or []
+    try:
+        files = metadata.files("nvalchemi-lammps") or []
+    except metadata.PackageNotFoundError:
+        files = []
     for f in files:
         if f.name == PLUGIN_FILE:
             return str(f.locate().resolve())

@@ -7,6 +7,7 @@ per-atom results, always keyed by atom ID.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -59,22 +60,53 @@ def run_lammps(
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "in.lammps").write_text(script)
     cmd = lammps_command(nprocs) + ["-in", "in.lammps", "-log", "log.lammps"]
+    return run_command(cmd, workdir, timeout=timeout, env=env)
+
+
+def run_command(
+    cmd: list[str],
+    workdir: str | os.PathLike,
+    *,
+    timeout: float = 900.0,
+    env: dict[str, str] | None = None,
+) -> LammpsRun:
+    """Run ``cmd`` (e.g. ``mpirun -np 2 python driver.py``) in ``workdir``, stdout and stderr
+    together.
+
+    The command runs in a session of its own; on timeout the whole process group is killed
+    (``mpirun``, its proxies and every rank), so no MPI rank outlives the caller, and the
+    run is reported with return code -9.
+    """
+    workdir = Path(workdir)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    proc = subprocess.Popen(
+        cmd,
+        cwd=workdir,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        proc = subprocess.run(
-            cmd,
-            cwd=workdir,
-            env=full_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=timeout,
-            start_new_session=True,
-        )
-    except subprocess.TimeoutExpired as err:
-        out = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
-        return LammpsRun(-9, out + f"\n[killed after {timeout} s]", workdir)
-    return LammpsRun(proc.returncode, proc.stdout, workdir)
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        output, _ = proc.communicate()
+        return LammpsRun(-9, (output or "") + f"\n[killed after {timeout} s]", workdir)
+    except BaseException:  # KeyboardInterrupt: leave no rank behind either
+        _kill_group(proc.pid)
+        proc.wait()
+        raise
+    return LammpsRun(proc.returncode, output, workdir)
+
+
+def _kill_group(pgid: int) -> None:
+    # Called only while the leader is not yet reaped, so the group id cannot be reused.
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:  # the group is already gone
+        pass
 
 
 def read_dump(path: str | os.PathLike) -> dict[str, np.ndarray]:

@@ -65,7 +65,9 @@ def evaluate(
         )
     owned = energies[:nlocal]
     total = owned.sum()
-    (grad,) = torch.autograd.grad(total, leaf, allow_unused=True)
+    grad = None
+    if total.requires_grad:  # energies that do not depend on any pair vector have no graph
+        (grad,) = torch.autograd.grad(total, leaf, allow_unused=True)
     if grad is None:
         grad = torch.zeros_like(leaf)
     owned = owned.detach().to(torch.float64)

@@ -89,7 +89,7 @@ class LennardJones(Potential):
             for k, table in (("epsilon", eps), ("sigma", sig), ("cutoff", cut)):
                 if k in pair:
                     table[a][b] = table[b][a] = float(pair[k])
-        max_cut = max(max(row) for row in cut)
+        max_cut = max((max(row) for row in cut), default=float(cutoff))
         self.spec = ModelSpec(elements=tuple(elements), cutoff=max_cut, units=units, dtype=dtype)
         self._config = dict(
             elements=list(elements),
