@@ -63,8 +63,9 @@ class PyRef {
     PyRef str(PyObject_Str(value));
     const char *message = str ? PyUnicode_AsUTF8(str.get()) : nullptr;
     const char *name = reinterpret_cast<PyTypeObject *>(type)->tp_name;
-    text = std::string(name) + ": " + (message ? message : "");
+    text = message ? message : "";
     if (!expected) {
+      text = std::string(name) + ": " + text;
       Py_XINCREF(type);
       Py_XINCREF(value);
       Py_XINCREF(traceback);

@@ -51,15 +51,32 @@ def load_model(path: str | os.PathLike) -> Potential:
         raise ModelFileError(f"model file {path} not found")
     try:
         record = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, EOFError, OSError) as err:
-        raise ModelFileError(f"cannot read model file {path}: {err}") from None
+    except pickle.UnpicklingError:
+        if not zipfile.is_zipfile(path):
+            raise ModelFileError(
+                f"cannot read model file {path}: not a torch archive (corrupt or truncated?)"
+            ) from None
+        raise ModelFileError(
+            f"model file {path} holds Python objects, not plain data: it was not written by "
+            "nvalchemi-lammps export, and is not loaded because that could run code from it"
+        ) from None
+    except (RuntimeError, zipfile.BadZipFile, EOFError, OSError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ModelFileError(
+            f"cannot read model file {path}: not a torch archive (corrupt or truncated?): {reason}"
+        ) from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise ModelFileError(f"{path} is not an nvalchemi-lammps model file")
     version = record.get("format_version")
     if version != FORMAT_VERSION:
+        advice = (
+            "upgrade nvalchemi-lammps"
+            if isinstance(version, int) and version > FORMAT_VERSION
+            else "export the model again with this version"
+        )
         raise ModelFileError(
-            f"model file {path} has format version {version}; this nvalchemi-lammps reads "
-            f"version {FORMAT_VERSION}: export it again with this version"
+            f"model file {path} has format version {version}, this nvalchemi-lammps reads "
+            f"version {FORMAT_VERSION}: {advice}"
         )
     potential = potential_class(record["potential"]).from_config(record["config"])
     potential.load_state_dict(record["state_dict"])

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,12 +74,12 @@ def run_command(
     """Run ``cmd`` (e.g. ``mpirun -np 2 python driver.py``) in ``workdir``, stdout and stderr
     together.
 
-    The command runs in a session of its own; on timeout the whole process group is killed
-    (``mpirun``, its proxies and every rank), so no MPI rank outlives the caller, and the
-    run is reported with return code -9.
+    On timeout every process the command started is killed — ``mpirun``, its proxies and
+    every rank — so no MPI rank outlives the caller; the run is reported with return code -9.
     """
     workdir = Path(workdir)
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    marker = f"{os.getpid()}-{uuid.uuid4().hex}"
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}), _RUN_MARKER: marker}
     proc = subprocess.Popen(
         cmd,
         cwd=workdir,
@@ -91,21 +92,62 @@ def run_command(
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
+        _kill_run(proc, marker)
         output, _ = proc.communicate()
         return LammpsRun(-9, (output or "") + f"\n[killed after {timeout} s]", workdir)
     except BaseException:  # KeyboardInterrupt: leave no rank behind either
-        _kill_group(proc.pid)
+        _kill_run(proc, marker)
         proc.wait()
         raise
     return LammpsRun(proc.returncode, output, workdir)
 
 
-def _kill_group(pgid: int) -> None:
-    # Called only while the leader is not yet reaped, so the group id cannot be reused.
+#: Environment variable carrying a token unique to one :func:`run_command` call; every
+#: process the call starts inherits it, which is how they are found again to be killed.
+_RUN_MARKER = "NVALCHEMI_LAMMPS_RUN"
+
+
+def _kill_run(proc: subprocess.Popen, marker: str) -> None:
+    """SIGKILL ``proc`` and every process carrying ``marker`` in its environment.
+
+    ``os.killpg`` on the session ``start_new_session`` gives is not enough: MPICH's hydra
+    puts its proxy and each rank in a session of their own, and once ``mpirun`` dies they
+    are re-parented to init, out of reach of a walk down the process tree. Processes are
+    stopped first, then killed, so none can start a child in between.
+    """
+    stopped: set[int] = set()
+    while True:
+        found = ({proc.pid} | _processes_with(marker)) - stopped
+        if not found:
+            break
+        for pid in found:
+            _signal(pid, signal.SIGSTOP)
+        stopped |= found
+    for pid in stopped:
+        _signal(pid, signal.SIGKILL)
+
+
+def _processes_with(marker: str) -> set[int]:
+    needle = f"{_RUN_MARKER}={marker}".encode()
+    pids: set[int] = set()
+    if not Path("/proc").is_dir():  # not Linux: the command's own process only
+        return pids
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone, or not ours
+            continue
+        if needle in environ.split(b"\0"):
+            pids.add(int(entry.name))
+    return pids
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
     try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:  # the group is already gone
+        os.kill(pid, sig)
+    except ProcessLookupError:
         pass
 
 

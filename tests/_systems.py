@@ -1,0 +1,263 @@
+"""Small structures and helpers shared by the unit tests.
+
+Every periodic system here is smaller than its potential's cutoff in at least one
+direction, so atoms see their own periodic images: the case a minimum-image code gets
+wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from nvalchemi_lammps import LennardJones
+from nvalchemi_lammps.reference import neighbor_pairs
+
+ARGON = dict(epsilon=0.0104, sigma=3.40)
+NEON = dict(epsilon=0.0031, sigma=2.75)
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    positions: np.ndarray  # (N, 3) float64
+    cell: np.ndarray  # (3, 3) rows = lattice vectors
+    pbc: tuple[bool, bool, bool]
+    species: np.ndarray  # (N,) int64
+    elements: tuple[str, ...]
+
+    @property
+    def natoms(self) -> int:
+        return int(self.positions.shape[0])
+
+    @property
+    def volume(self) -> float:
+        return abs(float(np.linalg.det(self.cell)))
+
+    def strained(self, strain: np.ndarray) -> System:
+        """The system under the homogeneous deformation ``x -> x (1 + strain)``."""
+        deform = np.eye(3) + strain
+        return System(
+            self.name,
+            self.positions @ deform,
+            self.cell @ deform,
+            self.pbc,
+            self.species,
+            self.elements,
+        )
+
+
+def _rattled(frac: np.ndarray, cell: np.ndarray, amount: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return frac @ cell + rng.uniform(-amount, amount, size=(len(frac), 3))
+
+
+FCC = np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.5]])
+
+
+def fcc_argon() -> System:
+    """The 4-atom conventional fcc cell of argon (a = 5.26 < cutoff 8.5), rattled."""
+    cell = 5.26 * np.eye(3)
+    positions = _rattled(FCC, cell, 0.15, seed=1)
+    return System("fcc_argon", positions, cell, (True, True, True), np.zeros(4, np.int64), ("Ar",))
+
+
+def fcc_argon_222() -> System:
+    """2x2x2 conventional fcc argon cells (32 atoms), rattled; two species mixed in."""
+    shifts = np.array([[a, b, c] for a in (0, 1) for b in (0, 1) for c in (0, 1)], float)
+    frac = (FCC[None, :, :] + shifts[:, None, :]).reshape(-1, 3) / 2.0
+    cell = 10.52 * np.eye(3)
+    positions = _rattled(frac, cell, 0.2, seed=2)
+    species = np.random.default_rng(3).integers(0, 2, size=len(frac)).astype(np.int64)
+    return System("fcc_ar_ne_222", positions, cell, (True, True, True), species, ("Ar", "Ne"))
+
+
+def triclinic_ar_ne() -> System:
+    """Six Ar/Ne atoms in a small, strongly skewed triclinic cell (all lengths < 6.5)."""
+    cell = np.array([[5.1, 0.0, 0.0], [1.7, 4.8, 0.0], [-1.2, 1.4, 5.3]])
+    frac = np.array(
+        [
+            [0.0, 0.0, 0.0],
+            [0.5, 0.0, 0.1],
+            [0.0, 0.5, 0.5],
+            [0.5, 0.5, 0.6],
+            [0.25, 0.75, 0.2],
+            [0.75, 0.25, 0.8],
+        ]
+    )
+    positions = _rattled(frac, cell, 0.1, seed=4)
+    species = np.array([0, 1, 0, 1, 1, 0], np.int64)
+    return System("triclinic_ar_ne", positions, cell, (True, True, True), species, ("Ar", "Ne"))
+
+
+def slab_argon() -> System:
+    """8 argon atoms periodic in x and y only; the z cell vector is ignored."""
+    cell = np.array([[5.26, 0.0, 0.0], [0.0, 5.26, 0.0], [0.0, 0.0, 10.52]])
+    frac = np.concatenate([FCC, FCC + [0.0, 0.0, 0.5]])
+    positions = _rattled(frac, cell, 0.1, seed=5)
+    return System("slab_argon", positions, cell, (True, True, False), np.zeros(8, np.int64), ("Ar",))
+
+
+def cluster_ar_ne() -> System:
+    """Five Ar/Ne atoms, no periodicity at all, zero cell."""
+    positions = np.array(
+        [[0.0, 0.0, 0.0], [3.6, 0.2, 0.1], [1.7, 3.1, -0.3], [1.9, 1.0, 3.2], [5.5, 3.3, 1.0]]
+    )
+    species = np.array([0, 1, 0, 1, 0], np.int64)
+    return System("cluster_ar_ne", positions, np.zeros((3, 3)), (False,) * 3, species, ("Ar", "Ne"))
+
+
+def lennard_jones(system: System, cutoff: float = 8.5, **kwargs) -> LennardJones:
+    """LJ with argon/neon parameters for the elements of ``system``."""
+    table = {"Ar": ARGON, "Ne": NEON}
+    elements = list(system.elements)
+    return LennardJones(
+        elements=elements,
+        epsilon={e: table[e]["epsilon"] for e in elements},
+        sigma={e: table[e]["sigma"] for e in elements},
+        cutoff=cutoff,
+        **kwargs,
+    )
+
+
+# --- a hand-made multi-rank decomposition -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankGraph:
+    """What one LAMMPS rank would hand the engine: owned rows first, then ghosts.
+
+    ``owner[row]`` is the global atom a local row (owned or ghost) is a copy of: the map
+    LAMMPS's reverse communication uses to sum ghost forces into their owners.
+    """
+
+    nlocal: int
+    species: np.ndarray
+    pair_i: np.ndarray
+    pair_j: np.ndarray
+    rij: np.ndarray
+    owner: np.ndarray
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.species.shape[0])
+
+
+def decompose(system: System, cutoff: float, nranks: int, nslabs: int | None = None) -> list[RankGraph]:
+    """Split ``system`` over ``nranks`` ranks as LAMMPS would, in slabs along lattice
+    direction 0.
+
+    Atoms in slab ``r`` of ``nslabs`` (default ``nranks``) are owned by rank ``r``; ranks
+    ``nslabs..nranks-1`` own nothing. A rank's pairs are all pairs of the full periodic
+    pair list whose receiver it owns; a sender that is another rank's atom, or a periodic
+    image of any atom (its own atoms included), is a ghost row at ``x[j] + S @ cell``.
+    Every other atom of the system is also added as an unpaired ghost, as the ghost shell
+    of a LAMMPS rank holds atoms that are in no pair.
+    """
+    nslabs = nranks if nslabs is None else nslabs
+    pairs = neighbor_pairs(system.positions, system.cell, system.pbc, cutoff)
+    if system.pbc[0]:
+        frac = np.linalg.solve(system.cell.T, system.positions.T).T[:, 0] % 1.0
+    else:  # slabs of the positions' own extent
+        x = system.positions[:, 0]
+        frac = (x - x.min()) / (np.ptp(x) * (1 + 1e-9) or 1.0)
+    slab = np.minimum((frac * nslabs).astype(np.int64), nslabs - 1)
+    graphs = []
+    for rank in range(nranks):
+        owned = np.flatnonzero(slab == rank)
+        local = {int(a): k for k, a in enumerate(owned)}
+        rows = list(owned)
+        positions = [system.positions[a] for a in owned]
+        ghost_of: dict[tuple[int, int, int, int], int] = {}
+        pi, pj, rij = [], [], []
+        for i, j, s in zip(pairs.pair_i, pairs.pair_j, pairs.shifts):
+            if int(i) not in local:
+                continue
+            key = (int(j), *map(int, s))
+            if int(j) in local and not s.any():
+                row = local[int(j)]
+            elif key in ghost_of:
+                row = ghost_of[key]
+            else:
+                row = ghost_of[key] = len(rows)
+                rows.append(int(j))
+                positions.append(system.positions[j] + s @ system.cell)
+            pi.append(local[int(i)])
+            pj.append(row)
+            rij.append(positions[row] - positions[local[int(i)]])
+        for a in range(system.natoms):
+            if int(a) not in local and (a, 0, 0, 0) not in ghost_of:
+                ghost_of[(a, 0, 0, 0)] = len(rows)
+                rows.append(a)
+                positions.append(system.positions[a])
+        owner = np.array(rows, dtype=np.int64)
+        graphs.append(
+            RankGraph(
+                nlocal=len(owned),
+                species=system.species[owner] if len(owner) else np.zeros(0, np.int64),
+                pair_i=np.array(pi, dtype=np.int64),
+                pair_j=np.array(pj, dtype=np.int64),
+                rij=np.array(rij, dtype=np.float64).reshape(-1, 3),
+                owner=owner,
+            )
+        )
+    return graphs
+
+
+@dataclass(frozen=True)
+class Gathered:
+    energy: float
+    atom_energies: np.ndarray
+    forces: np.ndarray
+    virial: np.ndarray
+    atom_virials: np.ndarray
+
+
+def gather(
+    system: System,
+    graphs: list[RankGraph],
+    atom_energies: list[np.ndarray],
+    pair_forces: list[np.ndarray],
+) -> Gathered:
+    """Apply each rank's results as LAMMPS does and fold ghost rows into their owners.
+
+    ``f[i] += fij``, ``f[j] -= fij`` on local rows, per-atom virial half to each row, then
+    the reverse communication: every ghost row is added to its owner atom.
+    """
+    n = system.natoms
+    energies = np.zeros(n)
+    forces = np.zeros((n, 3))
+    virial = np.zeros((3, 3))
+    atom_virials = np.zeros((n, 6))
+    voigt = ((0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2))
+    for graph, e, fij in zip(graphs, atom_energies, pair_forces):
+        energies[graph.owner[: graph.nlocal]] += e
+        local = np.zeros((graph.ntotal, 3))
+        np.add.at(local, graph.pair_i, fij)
+        np.add.at(local, graph.pair_j, -fij)
+        np.add.at(forces, graph.owner, local)
+        w = -graph.rij[:, :, None] * fij[:, None, :]
+        virial += w.sum(axis=0)
+        half = 0.5 * np.stack([w[:, a, b] for a, b in voigt], axis=-1)
+        local_v = np.zeros((graph.ntotal, 6))
+        np.add.at(local_v, graph.pair_i, half)
+        np.add.at(local_v, graph.pair_j, half)
+        np.add.at(atom_virials, graph.owner, local_v)
+    return Gathered(float(energies.sum()), energies, forces, virial, atom_virials)
+
+
+def image_ranges(system: System, cutoff: float) -> list[range]:
+    """Lattice images to loop over in each direction so that every pair within ``cutoff``
+    is found (none along non-periodic directions)."""
+    ranges = []
+    for a in range(3):
+        if not system.pbc[a]:
+            ranges.append(range(0, 1))
+            continue
+        b, c = system.cell[(a + 1) % 3], system.cell[(a + 2) % 3]
+        spacing = system.volume / np.linalg.norm(np.cross(b, c))
+        n = math.ceil(cutoff / spacing) + 1
+        ranges.append(range(-n, n + 1))
+    return ranges
