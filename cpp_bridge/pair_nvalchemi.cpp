@@ -22,17 +22,51 @@
 
 #include "python_bridge.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
 
 using namespace LAMMPS_NS;
+using NvalchemiLammps::Collectives;
 using NvalchemiLammps::PythonSession;
+
+// Values per atom in one forward/reverse communication; wider rows go in
+// several rounds. LAMMPS sizes its buffers from comm_forward/comm_reverse at
+// init, so this bounds what one round may send.
+static constexpr int EXCHANGE_CHUNK = 64;
+
+namespace {
+
+// The pair style's communication, as the model's collectives.
+class PairCollectives : public Collectives {
+ public:
+  PairCollectives(PairNvalchemi *pair, Atom *atom, MPI_Comm world) :
+      pair(pair), atom(atom), world(world)
+  {
+  }
+  int ntotal() const override { return atom->nlocal + atom->nghost; }
+  void forward_exchange(double *rows, int width) override { pair->forward_exchange(rows, width); }
+  void reverse_exchange(double *rows, int width) override { pair->reverse_exchange(rows, width); }
+  void allreduce(double *values, int count) override
+  {
+    MPI_Allreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, MPI_SUM, world);
+  }
+
+ private:
+  PairNvalchemi *pair;
+  Atom *atom;
+  MPI_Comm world;
+};
+
+}    // namespace
 
 /* ---------------------------------------------------------------------- */
 
 PairNvalchemi::PairNvalchemi(LAMMPS *lmp) :
-    Pair(lmp), session(nullptr), cutoff(0.0), map(nullptr), maxatom(0), maxpair(0),
+    Pair(lmp), session(nullptr), cutoff(0.0), layers(1), shell(0), map(nullptr),
+    exchange_rows(nullptr), exchange_width(0), exchange_offset(0), exchange_count(0), maxatom(0),
+    maxpair(0),
     species(nullptr), pair_i(nullptr), pair_j(nullptr), rij(nullptr), pair_forces(nullptr),
     atom_energies(nullptr)
 {
@@ -41,6 +75,8 @@ PairNvalchemi::PairNvalchemi(LAMMPS *lmp) :
   one_coeff = 1;
   manybody_flag = 1;
   centroidstressflag = CENTROID_NOTAVAIL;
+  comm_forward = EXCHANGE_CHUNK;
+  comm_reverse = EXCHANGE_CHUNK;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -58,6 +94,7 @@ PairNvalchemi::~PairNvalchemi()
   if (allocated) {
     memory->destroy(setflag);
     memory->destroy(cutsq);
+    memory->destroy(cutghost);
     delete[] map;
   }
 }
@@ -78,16 +115,20 @@ void PairNvalchemi::compute(int eflag, int vflag)
   const int *numneigh = list->numneigh;
   int **firstneigh = list->firstneigh;
 
+  // receivers: owned atoms; with the widened shell also ghosts, whose
+  // features are then computed here instead of being exchanged
+  const int nreceivers = shell ? inum + list->gnum : inum;
+
   int maxneigh = 0;
-  for (int ii = 0; ii < inum; ii++) maxneigh += numneigh[ilist[ii]];
+  for (int ii = 0; ii < nreceivers; ii++) maxneigh += numneigh[ilist[ii]];
   grow_buffers(ntotal, maxneigh);
 
   for (int k = 0; k < ntotal; k++) species[k] = map[type[k]];
 
-  // every directed pair inside the cutoff; ghosts only as senders j
+  // every directed pair inside the model cutoff
   const double cutsq_model = cutoff * cutoff;
   int npairs = 0;
-  for (int ii = 0; ii < inum; ii++) {
+  for (int ii = 0; ii < nreceivers; ii++) {
     const int i = ilist[ii];
     if (species[i] < 0) continue;
     const int *jlist = firstneigh[i];
@@ -109,9 +150,10 @@ void PairNvalchemi::compute(int eflag, int vflag)
   }
 
   double energy = 0.0;
+  PairCollectives collectives(this, atom, world);
   try {
     energy = session->compute(nlocal, ntotal, species, npairs, pair_i, pair_j, rij,
-                              atom_energies, pair_forces);
+                              atom_energies, pair_forces, &collectives);
   } catch (std::exception &err) {
     // rank-local failure: error->one aborts every rank instead of leaving the
     // others waiting in the next collective
@@ -150,7 +192,19 @@ void PairNvalchemi::compute(int eflag, int vflag)
 void PairNvalchemi::settings(int narg, char **arg)
 {
   if (narg < 1) utils::missing_cmd_args(FLERR, "pair_style nvalchemi", error);
-  if (narg > 1) error->all(FLERR, "Unknown pair_style nvalchemi keyword: {}", arg[1]);
+  std::string strategy = "auto";
+  int iarg = 1;
+  while (iarg < narg) {
+    if (strcmp(arg[iarg], "strategy") == 0) {
+      if (iarg + 2 > narg) utils::missing_cmd_args(FLERR, "pair_style nvalchemi strategy", error);
+      strategy = arg[iarg + 1];
+      if (strategy != "exchange" && strategy != "shell" && strategy != "auto")
+        error->all(FLERR, "pair_style nvalchemi strategy must be exchange, shell or auto; got {}",
+                   strategy);
+      iarg += 2;
+    } else
+      error->all(FLERR, "Unknown pair_style nvalchemi keyword: {}", arg[iarg]);
+  }
 
   // settings() may run more than once: drop the previous model
   delete session;
@@ -174,9 +228,23 @@ void PairNvalchemi::settings(int narg, char **arg)
   if (nfailed) error->all(FLERR, "Pair style nvalchemi: model {} failed to load on {} rank(s)",
                           model_path, nfailed);
 
+  // the model may refuse a strategy: deterministic, so the same on every rank
+  try {
+    session->set_strategy(strategy);
+  } catch (std::exception &err) {
+    error->all(FLERR, "pair_style nvalchemi: {}", err.what());
+  }
   cutoff = session->cutoff();
-  if (comm->me == 0)
+  layers = session->layers();
+  shell = (layers > 1 && !session->uses_exchange()) ? 1 : 0;
+  ghostneigh = shell;
+  if (comm->me == 0) {
     utils::logmesg(lmp, "pair_style nvalchemi: {} from {}\n", session->description(), model_path);
+    if (layers > 1)
+      utils::logmesg(lmp, "pair_style nvalchemi: {} message-passing layers, {}\n", layers,
+                     shell ? fmt::format("ghost shell of {} x cutoff, no exchange", layers)
+                           : std::string("ghost features exchanged after each layer"));
+  }
 }
 
 /* ----------------------------------------------------------------------
@@ -189,6 +257,7 @@ void PairNvalchemi::allocate()
   const int np1 = atom->ntypes + 1;
   memory->create(setflag, np1, np1, "pair:setflag");
   memory->create(cutsq, np1, np1, "pair:cutsq");
+  memory->create(cutghost, np1, np1, "pair:cutghost");
   map = new int[np1];
   for (int i = 0; i < np1; i++) {
     map[i] = -1;
@@ -269,17 +338,103 @@ void PairNvalchemi::init_style()
                "{}; add 'units {}' before the box is created", session->units(),
                update->unit_style, session->units());
 
-  // full list: every owned atom sees all its neighbors, ghosts included
-  neighbor->add_request(this, NeighConst::REQ_FULL);
+  // full list: every owned atom sees all its neighbors, ghosts included; with
+  // the widened shell, ghosts get lists too
+  neighbor->add_request(this, shell ? NeighConst::REQ_FULL | NeighConst::REQ_GHOST
+                                    : NeighConst::REQ_FULL);
 }
 
 /* ----------------------------------------------------------------------
    init for one type pair i,j and corresponding j,i
 ------------------------------------------------------------------------- */
 
-double PairNvalchemi::init_one(int /*i*/, int /*j*/)
+double PairNvalchemi::init_one(int i, int j)
 {
-  return cutoff;
+  if (!shell) return cutoff;
+  // ghosts reach layers x cutoff deep; only pairs within the cutoff are used
+  cutghost[i][j] = cutghost[j][i] = cutoff;
+  return layers * cutoff;
+}
+
+/* ----------------------------------------------------------------------
+   forward exchange of per-atom rows: ghost rows take their owner's row
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::forward_exchange(double *rows, int width)
+{
+  exchange_rows = rows;
+  exchange_width = width;
+  for (exchange_offset = 0; exchange_offset < width; exchange_offset += EXCHANGE_CHUNK) {
+    exchange_count = std::min(EXCHANGE_CHUNK, width - exchange_offset);
+    comm->forward_comm(this, exchange_count);
+  }
+  exchange_rows = nullptr;
+}
+
+/* ----------------------------------------------------------------------
+   reverse exchange of per-atom rows: ghost rows are added to their owner's
+   row (through intermediate ghosts, as LAMMPS folds forces), then zeroed
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::reverse_exchange(double *rows, int width)
+{
+  exchange_rows = rows;
+  exchange_width = width;
+  for (exchange_offset = 0; exchange_offset < width; exchange_offset += EXCHANGE_CHUNK) {
+    exchange_count = std::min(EXCHANGE_CHUNK, width - exchange_offset);
+    comm->reverse_comm(this, exchange_count);
+  }
+  const bigint nlocal = atom->nlocal;
+  const bigint ntotal = nlocal + atom->nghost;
+  for (bigint k = nlocal * width; k < ntotal * width; k++) rows[k] = 0.0;
+  exchange_rows = nullptr;
+}
+
+/* ---------------------------------------------------------------------- */
+
+int PairNvalchemi::pack_forward_comm(int n, int *list, double *buf, int /*pbc_flag*/,
+                                     int * /*pbc*/)
+{
+  int m = 0;
+  for (int ii = 0; ii < n; ii++) {
+    const double *row = exchange_rows + static_cast<bigint>(list[ii]) * exchange_width;
+    for (int k = 0; k < exchange_count; k++) buf[m++] = row[exchange_offset + k];
+  }
+  return m;
+}
+
+/* ---------------------------------------------------------------------- */
+
+void PairNvalchemi::unpack_forward_comm(int n, int first, double *buf)
+{
+  int m = 0;
+  for (int i = first; i < first + n; i++) {
+    double *row = exchange_rows + static_cast<bigint>(i) * exchange_width;
+    for (int k = 0; k < exchange_count; k++) row[exchange_offset + k] = buf[m++];
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+
+int PairNvalchemi::pack_reverse_comm(int n, int first, double *buf)
+{
+  int m = 0;
+  for (int i = first; i < first + n; i++) {
+    const double *row = exchange_rows + static_cast<bigint>(i) * exchange_width;
+    for (int k = 0; k < exchange_count; k++) buf[m++] = row[exchange_offset + k];
+  }
+  return m;
+}
+
+/* ---------------------------------------------------------------------- */
+
+void PairNvalchemi::unpack_reverse_comm(int n, int *list, double *buf)
+{
+  int m = 0;
+  for (int ii = 0; ii < n; ii++) {
+    double *row = exchange_rows + static_cast<bigint>(list[ii]) * exchange_width;
+    for (int k = 0; k < exchange_count; k++) row[exchange_offset + k] += buf[m++];
+  }
 }
 
 /* ---------------------------------------------------------------------- */

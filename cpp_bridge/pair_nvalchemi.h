@@ -33,10 +33,25 @@ class PairNvalchemi : public Pair {
   double init_one(int, int) override;
   double memory_usage() override;
 
+  int pack_forward_comm(int, int *, double *, int, int *) override;
+  void unpack_forward_comm(int, int, double *) override;
+  int pack_reverse_comm(int, int, double *) override;
+  void unpack_reverse_comm(int, int *, double *) override;
+
+  // LAMMPS communication of per-atom rows for the model (see python_bridge.h)
+  void forward_exchange(double *rows, int width);
+  void reverse_exchange(double *rows, int width);
+
  protected:
   NvalchemiLammps::PythonSession *session;
   double cutoff;    // the model's pair cutoff
+  int layers;       // message-passing steps of the model (1 = strictly local)
+  int shell;        // 1: ghost shell of layers x cutoff with ghost pairs, no exchange
   int *map;         // LAMMPS type -> model element index, -1 for NULL
+
+  // the rows being exchanged: width values per atom, columns [offset, offset+count)
+  double *exchange_rows;
+  int exchange_width, exchange_offset, exchange_count;
 
   // per-step buffers handed to Python without copying
   int maxatom, maxpair;

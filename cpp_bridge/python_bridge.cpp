@@ -119,12 +119,122 @@ PyObject *writable_view(const void *data, size_t nbytes)
   return PyMemoryView_FromMemory(ptr, static_cast<Py_ssize_t>(nbytes), PyBUF_WRITE);
 }
 
+/* ----------------------------------------------------------------------
+   LammpsCollectives: the Python face of a Collectives object, valid only
+   during one PythonSession::compute() call
+------------------------------------------------------------------------- */
+
+struct CollectivesObject {
+  PyObject_HEAD Collectives *target;
+};
+
+// writable C-contiguous float64 buffer of `count` values (count < 0: any)
+bool get_rows(PyObject *obj, Py_buffer *view, Py_ssize_t count)
+{
+  if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0)
+    return false;
+  if (view->itemsize != sizeof(double) || !view->format || std::string(view->format) != "d") {
+    PyBuffer_Release(view);
+    PyErr_SetString(PyExc_TypeError, "LAMMPS collectives need a float64 buffer");
+    return false;
+  }
+  if (count >= 0 && view->len != count * static_cast<Py_ssize_t>(sizeof(double))) {
+    PyErr_Format(PyExc_ValueError, "LAMMPS collectives got %zd values, wanted %zd",
+                 view->len / static_cast<Py_ssize_t>(sizeof(double)), count);
+    PyBuffer_Release(view);
+    return false;
+  }
+  return true;
+}
+
+Collectives *live_target(PyObject *self)
+{
+  Collectives *target = reinterpret_cast<CollectivesObject *>(self)->target;
+  if (!target)
+    PyErr_SetString(PyExc_RuntimeError,
+                    "LAMMPS collectives used outside of the pair style's compute call");
+  return target;
+}
+
+template <bool FORWARD> PyObject *exchange(PyObject *self, PyObject *args)
+{
+  PyObject *buffer;
+  int width;
+  if (!PyArg_ParseTuple(args, "Oi", &buffer, &width)) return nullptr;
+  Collectives *target = live_target(self);
+  if (!target) return nullptr;
+  if (width < 1) return PyErr_Format(PyExc_ValueError, "exchange width must be >= 1, got %d", width);
+  Py_buffer view;
+  if (!get_rows(buffer, &view, static_cast<Py_ssize_t>(target->ntotal()) * width)) return nullptr;
+  double *rows = static_cast<double *>(view.buf);
+  // the exchange is MPI only: other threads may run Python meanwhile
+  Py_BEGIN_ALLOW_THREADS;
+  if (FORWARD)
+    target->forward_exchange(rows, width);
+  else
+    target->reverse_exchange(rows, width);
+  Py_END_ALLOW_THREADS;
+  PyBuffer_Release(&view);
+  Py_RETURN_NONE;
+}
+
+PyObject *allreduce(PyObject *self, PyObject *args)
+{
+  PyObject *buffer;
+  if (!PyArg_ParseTuple(args, "O", &buffer)) return nullptr;
+  Collectives *target = live_target(self);
+  if (!target) return nullptr;
+  Py_buffer view;
+  if (!get_rows(buffer, &view, -1)) return nullptr;
+  const int count = static_cast<int>(view.len / static_cast<Py_ssize_t>(sizeof(double)));
+  double *values = static_cast<double *>(view.buf);
+  Py_BEGIN_ALLOW_THREADS;
+  target->allreduce(values, count);
+  Py_END_ALLOW_THREADS;
+  PyBuffer_Release(&view);
+  Py_RETURN_NONE;
+}
+
+PyObject *ntotal(PyObject *self, PyObject *)
+{
+  Collectives *target = live_target(self);
+  if (!target) return nullptr;
+  return PyLong_FromLong(target->ntotal());
+}
+
+PyMethodDef collectives_methods[] = {
+    {"forward_exchange", exchange<true>, METH_VARARGS,
+     "forward_exchange(rows, width): ghost rows of a float64 (ntotal, width) buffer take "
+     "their owners' rows, in place"},
+    {"reverse_exchange", exchange<false>, METH_VARARGS,
+     "reverse_exchange(rows, width): ghost rows are summed into their owners' rows and "
+     "zeroed, in place"},
+    {"allreduce", allreduce, METH_VARARGS, "allreduce(values): in-place sum over all ranks"},
+    {"ntotal", ntotal, METH_NOARGS, "number of owned + ghost rows"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyType_Slot collectives_slots[] = {
+    {Py_tp_methods, collectives_methods},
+    {Py_tp_doc, const_cast<char *>("LAMMPS communication for one pair compute call")},
+    {0, nullptr}};
+
+PyType_Spec collectives_spec = {"nvalchemi_lammps.LammpsCollectives",
+                                sizeof(CollectivesObject), 0, Py_TPFLAGS_DEFAULT,
+                                collectives_slots};
+
+PyObject *collectives_type()
+{
+  static PyObject *type = nullptr;
+  if (!type) type = PyType_FromSpec(&collectives_spec);
+  return type;
+}
+
 }    // namespace
 
 /* ---------------------------------------------------------------------- */
 
 PythonSession::PythonSession(const std::string &model_path, int num_threads) :
-    session_(nullptr), cutoff_(0.0)
+    session_(nullptr), cutoff_(0.0), layers_(1), uses_exchange_(false)
 {
   start_python();
   GilLock gil;
@@ -134,6 +244,9 @@ PythonSession::PythonSession(const std::string &model_path, int num_threads) :
                                     num_threads));
   if (!session) raise_python_error("");
 
+  PyRef layers(PyObject_GetAttrString(session.get(), "layers"));
+  if (!layers) raise_python_error("");
+  layers_ = static_cast<int>(PyLong_AsLong(layers.get()));
   PyRef cutoff(PyObject_GetAttrString(session.get(), "cutoff"));
   PyRef units(PyObject_GetAttrString(session.get(), "units"));
   PyRef description(PyObject_CallMethod(session.get(), "describe", nullptr));
@@ -156,6 +269,19 @@ PythonSession::~PythonSession()
   if (!session_ || !Py_IsInitialized()) return;
   GilLock gil;
   Py_DECREF(static_cast<PyObject *>(session_));
+}
+
+/* ---------------------------------------------------------------------- */
+
+void PythonSession::set_strategy(const std::string &strategy)
+{
+  GilLock gil;
+  PyObject *session = static_cast<PyObject *>(session_);
+  PyRef done(PyObject_CallMethod(session, "set_strategy", "s", strategy.c_str()));
+  if (!done) raise_python_error("");
+  PyRef uses_exchange(PyObject_GetAttrString(session, "uses_exchange"));
+  if (!uses_exchange) raise_python_error("");
+  uses_exchange_ = PyObject_IsTrue(uses_exchange.get()) == 1;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -184,9 +310,21 @@ std::vector<int> PythonSession::map_types(const std::vector<std::string> &names)
 
 double PythonSession::compute(int nlocal, int ntotal, const int64_t *species, int npairs,
                               const int64_t *pair_i, const int64_t *pair_j, const double *rij,
-                              double *atom_energies, double *pair_forces)
+                              double *atom_energies, double *pair_forces,
+                              Collectives *collectives)
 {
   GilLock gil;
+  PyObject *type = collectives_type();
+  if (!type) raise_python_error("");
+  PyRef comm(PyType_GenericAlloc(reinterpret_cast<PyTypeObject *>(type), 0));
+  if (!comm) raise_python_error("");
+  // the model may keep a reference; it goes dead when this call returns
+  struct Detach {
+    PyObject *obj;
+    ~Detach() { reinterpret_cast<CollectivesObject *>(obj)->target = nullptr; }
+  } detach{comm.get()};
+  reinterpret_cast<CollectivesObject *>(comm.get())->target = collectives;
+
   const size_t np = static_cast<size_t>(npairs);
   PyRef species_view(writable_view(species, sizeof(int64_t) * ntotal));
   PyRef pair_i_view(writable_view(pair_i, sizeof(int64_t) * np));
@@ -198,10 +336,10 @@ double PythonSession::compute(int nlocal, int ntotal, const int64_t *species, in
       !forces_view)
     raise_python_error("");
 
-  PyRef energy(PyObject_CallMethod(static_cast<PyObject *>(session_), "compute", "nOOOOOO",
+  PyRef energy(PyObject_CallMethod(static_cast<PyObject *>(session_), "compute", "nOOOOOOO",
                                    static_cast<Py_ssize_t>(nlocal), species_view.get(),
                                    pair_i_view.get(), pair_j_view.get(), rij_view.get(),
-                                   energies_view.get(), forces_view.get()));
+                                   energies_view.get(), forces_view.get(), comm.get()));
   if (!energy) raise_python_error("");
   const double value = PyFloat_AsDouble(energy.get());
   if (PyErr_Occurred()) raise_python_error("");

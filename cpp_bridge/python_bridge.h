@@ -20,6 +20,20 @@ class PythonError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// LAMMPS's communication as the model sees it, on rows of doubles laid out as
+// LAMMPS orders atoms (owned rows first, then ghosts), `width` values per row.
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+  virtual int ntotal() const = 0;
+  // ghost rows take their owner's row
+  virtual void forward_exchange(double *rows, int width) = 0;
+  // ghost rows are summed into their owners' rows, then zeroed
+  virtual void reverse_exchange(double *rows, int width) = 0;
+  // in-place sum over all ranks
+  virtual void allreduce(double *values, int count) = 0;
+};
+
 // One model loaded into the embedded interpreter (nvalchemi_lammps.frontends.plugin).
 class PythonSession {
  public:
@@ -29,21 +43,29 @@ class PythonSession {
   PythonSession &operator=(const PythonSession &) = delete;
 
   double cutoff() const { return cutoff_; }
+  int layers() const { return layers_; }
+  bool uses_exchange() const { return uses_exchange_; }
   const std::string &units() const { return units_; }
   const std::string &description() const { return description_; }
 
   // model element index per LAMMPS type name, -1 for NULL
   std::vector<int> map_types(const std::vector<std::string> &names);
 
+  // choose how ghosts reach past one cutoff: "exchange" or "shell"
+  void set_strategy(const std::string &strategy);
+
   // run the potential on one rank's graph; writes atom_energies[nlocal] and
-  // pair_forces[3*npairs]; returns the sum of atom_energies
+  // pair_forces[3*npairs]; returns the sum of atom_energies. The model may call
+  // the collectives during the call, never after.
   double compute(int nlocal, int ntotal, const int64_t *species, int npairs, const int64_t *pair_i,
                  const int64_t *pair_j, const double *rij, double *atom_energies,
-                 double *pair_forces);
+                 double *pair_forces, Collectives *collectives);
 
  private:
   void *session_;    // PyObject *, opaque here
   double cutoff_;
+  int layers_;
+  bool uses_exchange_;
   std::string units_;
   std::string description_;
 };

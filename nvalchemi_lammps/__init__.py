@@ -11,7 +11,7 @@ from ._elements import map_elements
 from ._model_file import FORMAT_VERSION, ModelFileError, load_model, save_model
 from .contract import Comm, LocalGraph, ModelSpec, NoOpComm
 from .engine import Evaluation, evaluate
-from .potentials import LennardJones, Potential
+from .potentials import LennardJones, MessagePassing, Potential
 
 try:
     __version__ = version("nvalchemi-lammps")
@@ -24,6 +24,7 @@ __all__ = [
     "Evaluation",
     "LennardJones",
     "LocalGraph",
+    "MessagePassing",
     "ModelFileError",
     "ModelSpec",
     "NoOpComm",

@@ -189,7 +189,9 @@ def evaluate_reference(
     """
     positions = np.asarray(positions, dtype=np.float64)
     species = np.asarray(species, dtype=np.int64)
-    natoms = positions.shape[0] if positions.ndim == 2 else -1
+    if positions.ndim != 2 or positions.shape[1] != 3:
+        raise ValueError(f"positions must have shape (N, 3), got {positions.shape}")
+    natoms = positions.shape[0]
     if species.shape != (natoms,):
         raise ValueError(
             f"species must have shape ({natoms},) like positions, got {species.shape}"

@@ -145,6 +145,16 @@ class RankGraph:
         return int(self.species.shape[0])
 
 
+def _slabs(system: System, nslabs: int) -> np.ndarray:
+    """Slab index of every atom along lattice direction 0."""
+    if system.pbc[0]:
+        frac = np.linalg.solve(system.cell.T, system.positions.T).T[:, 0] % 1.0
+    else:  # slabs of the positions' own extent
+        x = system.positions[:, 0]
+        frac = (x - x.min()) / (np.ptp(x) * (1 + 1e-9) or 1.0)
+    return np.minimum((frac * nslabs).astype(np.int64), nslabs - 1)
+
+
 def decompose(system: System, cutoff: float, nranks: int, nslabs: int | None = None) -> list[RankGraph]:
     """Split ``system`` over ``nranks`` ranks as LAMMPS would, in slabs along lattice
     direction 0.
@@ -156,14 +166,8 @@ def decompose(system: System, cutoff: float, nranks: int, nslabs: int | None = N
     Every other atom of the system is also added as an unpaired ghost, as the ghost shell
     of a LAMMPS rank holds atoms that are in no pair.
     """
-    nslabs = nranks if nslabs is None else nslabs
     pairs = neighbor_pairs(system.positions, system.cell, system.pbc, cutoff)
-    if system.pbc[0]:
-        frac = np.linalg.solve(system.cell.T, system.positions.T).T[:, 0] % 1.0
-    else:  # slabs of the positions' own extent
-        x = system.positions[:, 0]
-        frac = (x - x.min()) / (np.ptp(x) * (1 + 1e-9) or 1.0)
-    slab = np.minimum((frac * nslabs).astype(np.int64), nslabs - 1)
+    slab = _slabs(system, nranks if nslabs is None else nslabs)
     graphs = []
     for rank in range(nranks):
         owned = np.flatnonzero(slab == rank)
@@ -200,6 +204,60 @@ def decompose(system: System, cutoff: float, nranks: int, nslabs: int | None = N
                 pair_i=np.array(pi, dtype=np.int64),
                 pair_j=np.array(pj, dtype=np.int64),
                 rij=np.array(rij, dtype=np.float64).reshape(-1, 3),
+                owner=owner,
+            )
+        )
+    return graphs
+
+
+def decompose_shell(
+    system: System, cutoff: float, layers: int, nranks: int, nslabs: int | None = None
+) -> list[RankGraph]:
+    """Like :func:`decompose`, for the widened-shell strategy of a ``layers``-deep model.
+
+    A rank's ghosts are every periodic image within ``layers`` pair hops of its owned atoms,
+    and every atom of that set, ghost or owned, gets its pairs to the others in the set, as
+    a LAMMPS ghost neighbor list gives them. Ghosts on the outer edge have incomplete
+    neighborhoods (as in LAMMPS); their errors must not reach the owned atoms' energies.
+    """
+    pairs = neighbor_pairs(system.positions, system.cell, system.pbc, cutoff)
+    slab = _slabs(system, nranks if nslabs is None else nslabs)
+    starts = np.searchsorted(pairs.pair_i, np.arange(system.natoms + 1))  # pairs sorted by i
+    graphs = []
+    for rank in range(nranks):
+        owned = [int(a) for a in np.flatnonzero(slab == rank)]
+        row_of: dict[tuple[int, int, int, int], int] = {(a, 0, 0, 0): k for k, a in enumerate(owned)}
+        nodes = list(row_of)
+        frontier = list(nodes)
+        for _ in range(layers):
+            following = []
+            for a, *s in frontier:
+                for k in range(starts[a], starts[a + 1]):
+                    key = (int(pairs.pair_j[k]), *(np.array(s) + pairs.shifts[k]).tolist())
+                    if key not in row_of:
+                        row_of[key] = len(nodes)
+                        nodes.append(key)
+                        following.append(key)
+            frontier = following
+        positions = np.array(
+            [system.positions[a] + np.array(s) @ system.cell for a, *s in nodes]
+        ).reshape(-1, 3)
+        pi, pj = [], []
+        for row, (a, *s) in enumerate(nodes):
+            for k in range(starts[a], starts[a + 1]):
+                key = (int(pairs.pair_j[k]), *(np.array(s) + pairs.shifts[k]).tolist())
+                if key in row_of:
+                    pi.append(row)
+                    pj.append(row_of[key])
+        pi_a, pj_a = np.array(pi, dtype=np.int64), np.array(pj, dtype=np.int64)
+        owner = np.array([a for a, *_ in nodes], dtype=np.int64)
+        graphs.append(
+            RankGraph(
+                nlocal=len(owned),
+                species=system.species[owner],
+                pair_i=pi_a,
+                pair_j=pj_a,
+                rij=(positions[pj_a] - positions[pi_a]).reshape(-1, 3),
                 owner=owner,
             )
         )
@@ -261,3 +319,115 @@ def image_ranges(system: System, cutoff: float) -> list[range]:
         n = math.ceil(cutoff / spacing) + 1
         ranges.append(range(-n, n + 1))
     return ranges
+
+
+# --- several ranks in threads, talking through a fake of LAMMPS's collectives ---------------
+
+
+class ThreadWorld:
+    """Ranks of one LAMMPS run played by threads: each calls ``compute`` with its own
+    :class:`RankCollectives`, whose methods meet at a barrier as MPI ranks would.
+
+    A rank that fails breaks the barrier (``threading.BrokenBarrierError`` on the others)
+    instead of leaving them waiting.
+    """
+
+    def __init__(self, graphs: list[RankGraph], natoms: int, timeout: float = 60.0) -> None:
+        import threading
+
+        self.graphs = graphs
+        self.natoms = natoms
+        self.barrier = threading.Barrier(len(graphs), timeout=timeout)
+        self.slots: list[np.ndarray | None] = [None] * len(graphs)
+        self.calls: list[list[str]] = [[] for _ in graphs]
+
+    def collectives(self, rank: int) -> RankCollectives:
+        return RankCollectives(self, rank)
+
+    def run(self, work) -> list:
+        """``work(rank)`` on every rank in its own thread; results in rank order."""
+        import threading
+
+        results: list = [None] * len(self.graphs)
+        errors: list[BaseException] = []
+
+        def target(rank: int) -> None:
+            try:
+                results[rank] = work(rank)
+            except BaseException as err:  # re-raised in the caller
+                errors.append(err)
+                self.barrier.abort()
+
+        threads = [threading.Thread(target=target, args=(r,)) for r in range(len(self.graphs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
+
+
+class RankCollectives:
+    """The ``LammpsCollectives`` methods of one rank (python_bridge.cpp), with its checks:
+    in-place work on writable, C-contiguous float64 buffers of ``ntotal * width`` values."""
+
+    def __init__(self, world: ThreadWorld, rank: int) -> None:
+        self.world = world
+        self.rank = rank
+        self.graph = world.graphs[rank]
+
+    def ntotal(self) -> int:
+        return self.graph.ntotal
+
+    def _rows(self, buffer, width: int) -> np.ndarray:
+        view = memoryview(buffer)
+        if view.readonly or not view.c_contiguous or view.format != "d":
+            raise TypeError("LAMMPS collectives need a float64 buffer")
+        rows = np.frombuffer(view, dtype=np.float64)
+        if width < 1:
+            raise ValueError(f"exchange width must be >= 1, got {width}")
+        if rows.size != self.ntotal() * width:
+            raise ValueError(
+                f"LAMMPS collectives got {rows.size} values, wanted {self.ntotal() * width}"
+            )
+        return rows.reshape(self.ntotal(), width)
+
+    def _share(self, data: np.ndarray) -> list[np.ndarray]:
+        """Publish ``data``, wait for every rank, return everybody's."""
+        self.world.slots[self.rank] = data
+        self.world.barrier.wait()
+        return list(self.world.slots)
+
+    def _done(self) -> None:
+        self.world.barrier.wait()  # nobody republishes before all have read
+
+    def forward_exchange(self, buffer, width: int) -> None:
+        self.world.calls[self.rank].append("forward_exchange")
+        rows = self._rows(buffer, width)
+        g = self.graph
+        table = np.full((self.world.natoms, width), np.nan)
+        for other, owned in zip(self.world.graphs, self._share(rows[: g.nlocal].copy())):
+            table[other.owner[: other.nlocal]] = owned
+        rows[g.nlocal :] = table[g.owner[g.nlocal :]]
+        self._done()
+
+    def reverse_exchange(self, buffer, width: int) -> None:
+        self.world.calls[self.rank].append("reverse_exchange")
+        rows = self._rows(buffer, width)
+        g = self.graph
+        table = np.zeros((self.world.natoms, width))
+        for other, ghosts in zip(self.world.graphs, self._share(rows[g.nlocal :].copy())):
+            np.add.at(table, other.owner[other.nlocal :], ghosts)
+        rows[: g.nlocal] += table[g.owner[: g.nlocal]]
+        rows[g.nlocal :] = 0.0
+        self._done()
+
+    def allreduce(self, buffer) -> None:
+        self.world.calls[self.rank].append("allreduce")
+        view = memoryview(buffer)
+        if view.readonly or not view.c_contiguous or view.format != "d":
+            raise TypeError("LAMMPS collectives need a float64 buffer")
+        values = np.frombuffer(view, dtype=np.float64)
+        values[:] = np.sum(self._share(values.copy()), axis=0)
+        self._done()

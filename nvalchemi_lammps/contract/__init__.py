@@ -7,6 +7,6 @@ knows the other.
 
 from ._comm import Comm, NoOpComm
 from ._graph import LocalGraph
-from ._spec import UNIT_STYLES, ModelSpec
+from ._spec import STRATEGIES, UNIT_STYLES, ModelSpec
 
-__all__ = ["Comm", "LocalGraph", "ModelSpec", "NoOpComm", "UNIT_STYLES"]
+__all__ = ["Comm", "LocalGraph", "ModelSpec", "NoOpComm", "STRATEGIES", "UNIT_STYLES"]

@@ -7,6 +7,9 @@ import torch
 #: LAMMPS unit styles a model may declare; the plugin refuses a run in any other.
 UNIT_STYLES = ("metal", "real")
 
+#: Ways a message-passing potential can see past one cutoff on a decomposed system.
+STRATEGIES = ("exchange", "shell")
+
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -18,12 +21,20 @@ class ModelSpec:
     :param cutoff: pair cutoff in the model's length unit; LAMMPS lists pairs with r < cutoff
     :param units: LAMMPS unit style the model's parameters are in (``metal`` or ``real``)
     :param dtype: arithmetic precision of the potential (``float32`` or ``float64``)
+    :param layers: message-passing steps; an atom's energy depends on atoms up to
+        ``layers * cutoff`` away (1: strictly local)
+    :param strategies: how the potential reaches past one cutoff on a decomposed system,
+        in order of preference: ``exchange`` (it calls ``graph.comm.forward_exchange`` on
+        ghost rows after each layer; ghost shell of one cutoff) and/or ``shell`` (ghost shell
+        of ``layers * cutoff`` with pairs between ghosts, no exchange)
     """
 
     elements: tuple[str, ...]
     cutoff: float
     units: str
     dtype: str = "float64"
+    layers: int = 1
+    strategies: tuple[str, ...] = STRATEGIES
 
     def __post_init__(self) -> None:
         if not self.elements:
@@ -36,13 +47,30 @@ class ModelSpec:
             raise ValueError(f"units must be one of {', '.join(UNIT_STYLES)}; got '{self.units}'")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}; got '{self.dtype}'")
+        if int(self.layers) != self.layers or self.layers < 1:
+            raise ValueError(f"layers must be a positive integer, got {self.layers}")
+        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        if not self.strategies or unknown:
+            raise ValueError(
+                f"strategies must be a non-empty subset of {', '.join(STRATEGIES)}; "
+                f"got {list(self.strategies)}"
+            )
+
+    @property
+    def interaction_range(self) -> float:
+        """How far an atom's energy reaches: ``layers * cutoff``."""
+        return self.layers * self.cutoff
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "elements": list(self.elements)}
+        return {
+            **asdict(self),
+            "elements": list(self.elements),
+            "strategies": list(self.strategies),
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelSpec:
@@ -51,4 +79,6 @@ class ModelSpec:
             cutoff=float(data["cutoff"]),
             units=data["units"],
             dtype=data.get("dtype", "float64"),
+            layers=int(data.get("layers", 1)),
+            strategies=tuple(data.get("strategies", STRATEGIES)),
         )

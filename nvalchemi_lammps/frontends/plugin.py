@@ -12,6 +12,7 @@ import torch
 from .._elements import map_elements
 from .._model_file import load_model
 from ..engine import evaluate
+from ._lammps_comm import LammpsComm
 
 
 def _tensor(buffer: memoryview, dtype: torch.dtype, *shape: int) -> torch.Tensor:
@@ -29,6 +30,10 @@ class PluginSession:
         self.cutoff = float(spec.cutoff)
         self.units = spec.units
         self.elements = list(spec.elements)
+        self.layers = int(spec.layers)
+        self.strategy = "local"
+        self.uses_exchange = False
+        self.set_strategy("auto")
         # LAMMPS's own thread count per rank (OMP_NUM_THREADS / -pk omp); torch's default
         # of one thread per core oversubscribes the cores shared by several ranks.
         torch.set_num_threads(max(1, num_threads))
@@ -39,6 +44,25 @@ class PluginSession:
             f"{self.potential.name} model: elements {' '.join(spec.elements)}, "
             f"cutoff {spec.cutoff:g}, units {spec.units}, {spec.dtype}"
         )
+
+    def set_strategy(self, strategy: str) -> None:
+        """How ghosts reach past one cutoff (``pair_style ... strategy exchange|shell|auto``).
+
+        A strictly local model (one layer) needs neither and ignores the choice.
+        """
+        supported = self.potential.spec.strategies
+        if self.layers == 1:
+            self.strategy = "local"
+        elif strategy == "auto":
+            self.strategy = supported[0]
+        elif strategy in supported:
+            self.strategy = strategy
+        else:
+            raise ValueError(
+                f"the {self.potential.name} model does not support strategy {strategy} "
+                f"(it supports: {', '.join(supported)})"
+            )
+        self.uses_exchange = self.strategy == "exchange"
 
     def map_types(self, names: list[str]) -> list[int]:
         return map_elements(names, self.potential.spec.elements)
@@ -52,6 +76,7 @@ class PluginSession:
         rij: memoryview,
         atom_energies_out: memoryview,
         pair_forces_out: memoryview,
+        collectives: object,
     ) -> float:
         ntotal = species.nbytes // 8
         npairs = pair_i.nbytes // 8
@@ -62,6 +87,7 @@ class PluginSession:
             _tensor(pair_i, torch.int64, npairs),
             _tensor(pair_j, torch.int64, npairs),
             _tensor(rij, torch.float64, npairs, 3),
+            LammpsComm(collectives, exchange=self.uses_exchange),
         )
         _tensor(atom_energies_out, torch.float64, nlocal).copy_(result.atom_energies)
         _tensor(pair_forces_out, torch.float64, npairs, 3).copy_(result.pair_forces)

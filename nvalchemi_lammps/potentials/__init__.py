@@ -3,5 +3,6 @@ per-atom energies. They know physics, not LAMMPS or MPI."""
 
 from ._base import Potential, potential_class, register_potential
 from .lennard_jones import LennardJones
+from .message_passing import MessagePassing
 
-__all__ = ["LennardJones", "Potential", "potential_class", "register_potential"]
+__all__ = ["LennardJones", "MessagePassing", "Potential", "potential_class", "register_potential"]

@@ -1,0 +1,174 @@
+"""Write a model file for ``pair_style nvalchemi`` from a TOML configuration.
+
+The configuration names the potential with a top-level ``potential = "..."`` key; every
+other key is an argument of that potential's constructor (for ``lennard_jones`` see
+:class:`nvalchemi_lammps.LennardJones`). ``--default`` writes the built-in argon model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..potentials import Potential
+
+HELP = "write a model file (.pt) from a TOML configuration"
+#: Suffix of model files; ``pair_style nvalchemi`` reads any name, the CLI insists on this one.
+MODEL_SUFFIX = ".pt"
+#: The built-in model of ``--default`` (in ``nvalchemi_lammps/data/``).
+DEFAULT_CONFIG = "argon_lj.toml"
+
+
+def default_config_text() -> str:
+    """TOML text of the built-in argon model."""
+    return resources.files("nvalchemi_lammps").joinpath("data", DEFAULT_CONFIG).read_text()
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """The configuration in the TOML file ``path``.
+
+    :raises ValueError: the file is missing or not valid TOML
+    """
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"configuration file {path} not found") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"configuration file {path} is not valid TOML: {err}") from None
+
+
+def potential_from_config(config: dict[str, Any]) -> Potential:
+    """Build the potential that ``config`` describes.
+
+    :param config: ``potential`` (registered name) plus that potential's constructor
+        arguments
+    :raises ValueError: unknown potential, unknown or missing arguments, or arguments the
+        potential rejects
+    """
+    from ..potentials import potential_class
+
+    config = dict(config)
+    name = config.pop("potential", None)
+    if name is None:
+        raise ValueError('the configuration needs a top-level key potential = "<name>"')
+    cls = potential_class(name)
+    parameters = inspect.signature(cls.__init__).parameters
+    allowed = [p for p in parameters if p != "self"]
+    unknown = sorted(set(config) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {', '.join(unknown)} for potential {name} "
+            f"(allowed: potential, {', '.join(allowed)})"
+        )
+    required = [
+        p for p in allowed if parameters[p].default is inspect.Parameter.empty
+    ]
+    missing = [p for p in required if p not in config]
+    if missing:
+        raise ValueError(f"potential {name} needs key(s) {', '.join(missing)}")
+    return cls.from_config(config)
+
+
+def check_model_file(potential: Potential, path: Path) -> None:
+    """Load ``path`` back and compare it with ``potential`` on a small cluster.
+
+    Every element pair at several distances inside the cutoff; energies and pair forces
+    must agree exactly, since the same code runs with the same parameters.
+
+    :raises ValueError: the reloaded model differs
+    """
+    import torch
+
+    from .._model_file import load_model
+    from ..engine import evaluate
+
+    reloaded = load_model(path)
+    spec = potential.spec
+    if reloaded.spec != spec:
+        raise ValueError(f"{path}: reloaded spec {reloaded.spec} differs from {spec}")
+    n = len(spec.elements)
+    # a line of atoms cycling through the elements, 0.3 cutoff apart
+    count = max(4, 2 * n)
+    species = torch.arange(count, dtype=torch.int64) % n
+    x = torch.zeros(count, 3, dtype=torch.float64)
+    x[:, 0] = 0.3 * spec.cutoff * torch.arange(count, dtype=torch.float64)
+    x[:, 1] = 0.05 * spec.cutoff * (torch.arange(count, dtype=torch.float64) % 3)
+    i, j = torch.meshgrid(torch.arange(count), torch.arange(count), indexing="ij")
+    rij = x[j.reshape(-1)] - x[i.reshape(-1)]
+    keep = (i.reshape(-1) != j.reshape(-1)) & ((rij * rij).sum(1) < spec.cutoff**2)
+    pair_i, pair_j, rij = i.reshape(-1)[keep], j.reshape(-1)[keep], rij[keep]
+    a = evaluate(potential, count, species, pair_i, pair_j, rij)
+    b = evaluate(reloaded, count, species, pair_i, pair_j, rij)
+    if not (torch.equal(a.atom_energies, b.atom_energies)
+            and torch.equal(a.pair_forces, b.pair_forces)):
+        raise ValueError(f"{path}: the reloaded model gives other energies or forces")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "config", type=Path, nargs="?", metavar="CONFIG.toml",
+        help="TOML configuration: potential = \"<name>\" plus its arguments",
+    )
+    source.add_argument(
+        "--default", action="store_true",
+        help="the built-in argon model (epsilon 0.0104 eV, sigma 3.40 A, cutoff 8.5 A, metal)",
+    )
+    parser.add_argument(
+        "-o", "--output", type=Path, required=True, metavar="MODEL.pt",
+        help=f"model file to write (suffix {MODEL_SUFFIX})",
+    )
+    parser.add_argument(
+        "--check", action=argparse.BooleanOptionalAction, default=True,
+        help="load the written file back and compare it with the configured potential",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from .._model_file import ModelFileError, save_model
+
+    if args.output.suffix != MODEL_SUFFIX:
+        print(f"error: the model file must end in {MODEL_SUFFIX}, got {args.output}")
+        return 2
+    try:
+        if args.default:
+            config = tomllib.loads(default_config_text())
+            source = f"built-in {DEFAULT_CONFIG}"
+        else:
+            config = read_config(args.config)
+            source = str(args.config)
+        potential = potential_from_config(config)
+        save_model(potential, args.output)
+        if args.check:
+            check_model_file(potential, args.output)
+    except (ValueError, ModelFileError, OSError) as err:
+        print(f"error: {err}")
+        return 1
+    spec = potential.spec
+    print(
+        f"wrote {args.output} from {source}: {potential.name}, elements {' '.join(spec.elements)}, "
+        f"cutoff {spec.cutoff:g}, units {spec.units}, {spec.dtype}"
+        + (" (reloaded and checked)" if args.check else "")
+    )
+    print("use it in a LAMMPS input with")
+    print(f"  units        {spec.units}")
+    print(f"  pair_style   nvalchemi {args.output}")
+    print(f"  pair_coeff   * * {' '.join(spec.elements)}    # one element (or NULL) per atom type")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nvalchemi-lammps export", description=__doc__)
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``nvalchemi-lammps export``; returns the exit code."""
+    return run(_parser().parse_args(argv))

@@ -1,0 +1,84 @@
+"""The contract's :class:`~nvalchemi_lammps.contract.Comm` over LAMMPS's own communication.
+
+The plugin passes a ``LammpsCollectives`` object (C++, python_bridge.cpp) into each compute
+call; its methods work in place on float64 host rows. Here they become differentiable: the
+backward of a forward exchange is a reverse exchange and vice versa, and the backward of an
+all-reduce is an all-reduce. Tensors on a GPU or in float32 are staged through a float64
+host copy (one device-to-host and one host-to-device copy per exchange).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..contract import Comm
+
+
+def _exchanged(operation: Any, src: torch.Tensor) -> torch.Tensor:
+    rows = src.detach().reshape(src.shape[0], -1)
+    rows = rows.to(device="cpu", dtype=torch.float64, copy=True).contiguous()
+    operation(memoryview(rows.numpy()), int(rows.shape[1]))
+    return rows.to(device=src.device, dtype=src.dtype).reshape(src.shape)
+
+
+def _summed(collectives: Any, x: torch.Tensor) -> torch.Tensor:
+    values = x.detach().reshape(-1).to(device="cpu", dtype=torch.float64, copy=True)
+    collectives.allreduce(memoryview(values.contiguous().numpy()))
+    return values.to(device=x.device, dtype=x.dtype).reshape(x.shape)
+
+
+class _ForwardExchange(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, src: torch.Tensor, collectives: Any) -> torch.Tensor:
+        ctx.collectives = collectives
+        return _exchanged(collectives.forward_exchange, src)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _exchanged(ctx.collectives.reverse_exchange, grad), None
+
+
+class _ReverseExchange(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, src: torch.Tensor, collectives: Any) -> torch.Tensor:
+        ctx.collectives = collectives
+        return _exchanged(collectives.reverse_exchange, src)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _exchanged(ctx.collectives.forward_exchange, grad), None
+
+
+class _AllReduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, collectives: Any) -> torch.Tensor:
+        ctx.collectives = collectives
+        return _summed(collectives, x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _summed(ctx.collectives, grad), None
+
+
+class LammpsComm(Comm):
+    """Collectives of one ``pair_style nvalchemi`` compute call.
+
+    :param collectives: the plugin's ``LammpsCollectives`` object
+    :param exchange: ``False`` under the widened-shell strategy, where ghost rows are
+        computed locally and the exchanges are the identity (the all-reduce stays real)
+    """
+
+    def __init__(self, collectives: Any, exchange: bool = True) -> None:
+        self.collectives = collectives
+        self.exchange = exchange
+
+    def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
+        return _ForwardExchange.apply(src, self.collectives) if self.exchange else src
+
+    def reverse_exchange(self, src: torch.Tensor) -> torch.Tensor:
+        return _ReverseExchange.apply(src, self.collectives) if self.exchange else src
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        return _AllReduce.apply(x, self.collectives)

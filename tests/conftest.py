@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from lammps_helpers import (
+    AR_EPSILON,
+    AR_EPSILON_REAL,
+    AR_MASS,
+    AR_NE_CUTOFF,
+    AR_NE_EPSILON,
+    AR_NE_SIGMA,
+    AR_SIGMA,
+    CUTOFF,
+    MEASURED,
+    NE_EPSILON,
+    NE_NE_CUTOFF,
+    NE_SIGMA,
+)
+from nvalchemi_lammps.lammps_run import run_lammps
+
+@pytest.fixture(scope="session")
+def argon_data(tmp_path_factory) -> Path:
+    """A thermalized argon crystal (2,048 atoms near 60 K) as a LAMMPS data file.
+
+    Made once by lj/cut under NVT on one rank; every comparison reads the same positions
+    and velocities, so the reference and the plugin see identical input at any rank count.
+    """
+    workdir = tmp_path_factory.mktemp("argon")
+    script = textwrap.dedent(
+        f"""\
+        units metal
+        atom_style atomic
+        lattice fcc 5.26
+        region box block 0 8 0 8 0 8
+        create_box 1 box
+        create_atoms 1 box
+        mass 1 {AR_MASS}
+        pair_style lj/cut {CUTOFF}
+        pair_coeff 1 1 {AR_EPSILON} {AR_SIGMA}
+        velocity all create 100 4928459 loop geom
+        fix nvt all nvt temp 60 60 0.1
+        timestep 0.002
+        run 500
+        write_data argon.data nocoeff
+        """
+    )
+    run_lammps(script, 1, workdir, timeout=300).check()
+    return workdir / "argon.data"
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> dict[str, Path]:
+    """Model files of every Lennard-Jones variant the tests compare with lj/cut."""
+    from nvalchemi_lammps import LennardJones, save_model
+    from nvalchemi_lammps._plugin import plugin_path
+
+    plugin_path()  # fail here, clearly, if the package was installed without the plugin
+    workdir = tmp_path_factory.mktemp("models")
+    argon = dict(elements=["Ar"], epsilon={"Ar": AR_EPSILON}, sigma={"Ar": AR_SIGMA})
+    # Element order Ne, Ar: the opposite of the LAMMPS types in the tests.
+    argon_neon = dict(
+        elements=["Ne", "Ar"],
+        epsilon={"Ne": NE_EPSILON, "Ar": AR_EPSILON},
+        sigma={"Ne": NE_SIGMA, "Ar": AR_SIGMA},
+    )
+    potentials = {
+        "argon": LennardJones(**argon, cutoff=CUTOFF),
+        "argon_shifted": LennardJones(**argon, cutoff=CUTOFF, shift=True),
+        "argon_real": LennardJones(
+            elements=["Ar"],
+            epsilon={"Ar": AR_EPSILON_REAL},
+            sigma={"Ar": AR_SIGMA},
+            cutoff=CUTOFF,
+            units="real",
+        ),
+        "argon_neon": LennardJones(
+            **argon_neon,
+            cutoff=CUTOFF,
+            pairs=[
+                {
+                    "elements": ["Ar", "Ne"],
+                    "epsilon": AR_NE_EPSILON,
+                    "sigma": AR_NE_SIGMA,
+                    "cutoff": AR_NE_CUTOFF,
+                },
+                {"elements": ["Ne", "Ne"], "cutoff": NE_NE_CUTOFF},
+            ],
+        ),
+        "argon_neon_arithmetic": LennardJones(**argon_neon, cutoff=CUTOFF, mixing="arithmetic"),
+    }
+    return {name: save_model(p, workdir / f"{name}.pt") for name, p in potentials.items()}
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The largest relative difference measured per comparison, over all rank counts."""
+    if not MEASURED:
+        return
+    worst: dict[tuple[str, str], float] = defaultdict(float)
+    for label, quantity, value in MEASURED:
+        case = label.rsplit("/np", 1)[0]
+        worst[case, quantity] = max(worst[case, quantity], value)
+    terminalreporter.section("largest relative differences (max|a-b| / max|ref|)")
+    for (case, quantity), value in sorted(worst.items()):
+        terminalreporter.write_line(f"{case:40s} {quantity:22s} {value:.3e}")

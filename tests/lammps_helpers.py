@@ -1,0 +1,121 @@
+"""Shared pieces of the tests that run a real LAMMPS: parameters, script fragments, and the
+one way to compare a result with its reference.
+
+Differences are relative per quantity: ``max|got - ref| / max|ref|`` over every component
+of the quantity (all atoms' forces, all six pressure components, ...). Every measured
+difference is kept in :data:`MEASURED`; ``conftest.py`` prints the largest per comparison
+at the end of the run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Multi-rank = single-process reference to this relative difference, in float64 (DESIGN.md).
+TOLERANCE = 1e-10
+
+#: Argon, and neon for the two-species systems: lj/cut parameters in metal units.
+AR_EPSILON, AR_SIGMA = 0.0104, 3.40
+NE_EPSILON, NE_SIGMA = 0.00312, 2.74
+CUTOFF = 8.5
+#: Explicit Ar-Ne pair, with a cutoff other than the global one, and a Ne-Ne cutoff.
+AR_NE_EPSILON, AR_NE_SIGMA, AR_NE_CUTOFF = 0.0058, 3.05, 6.5
+NE_NE_CUTOFF = 7.0
+#: Argon in real units (kcal/mol): 0.0104 eV.
+AR_EPSILON_REAL = 0.2398
+AR_MASS, NE_MASS = 39.948, 20.1797
+
+NPROCS = [1, 2, 4]
+
+#: Atoms in the thermalized argon data file (8x8x8 fcc cells of 5.26 Angstrom).
+ARGON_ATOMS = 2048
+
+#: What every comparison run dumps per atom (columns named as LAMMPS writes them).
+PER_ATOM = {
+    "force": ["fx", "fy", "fz"],
+    "energy_per_atom": ["c_pe"],
+    "stress_per_atom": [f"c_stress[{k}]" for k in range(1, 7)],
+}
+PRESSURE = ["pxx", "pyy", "pzz", "pxy", "pxz", "pyz"]
+#: Global results a comparison run prints: total potential energy, the pressure tensor as
+#: thermo reports it (kinetic + virial), and the virial part alone.
+GLOBAL = {
+    "energy": ["pe"],
+    "pressure": PRESSURE,
+    "virial_pressure": [f"vir_{p}" for p in PRESSURE],
+}
+
+MEASURED: list[tuple[str, str, float]] = []
+
+
+@dataclass(frozen=True)
+class Difference:
+    quantity: str
+    relative: float
+    absolute: float
+    scale: float
+
+
+def relative_difference(quantity: str, got: np.ndarray, ref: np.ndarray) -> Difference:
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape, f"{quantity}: shape {got.shape} vs reference {ref.shape}"
+    assert np.all(np.isfinite(got)), f"{quantity}: non-finite values"
+    scale = float(np.max(np.abs(ref)))
+    assert scale > 0.0, f"{quantity}: the reference is all zeros, the comparison would be empty"
+    absolute = float(np.max(np.abs(got - ref)))
+    return Difference(quantity, absolute / scale, absolute, scale)
+
+
+def assert_all_close(
+    label: str, pairs: dict[str, tuple[np.ndarray, np.ndarray]], tol: float = TOLERANCE
+) -> dict[str, Difference]:
+    """Every quantity ``{name: (got, ref)}`` within ``tol`` relative; all are measured (and
+    kept in :data:`MEASURED`) before any failure is reported, with all their numbers."""
+    diffs = {q: relative_difference(q, got, ref) for q, (got, ref) in pairs.items()}
+    for quantity, diff in diffs.items():
+        MEASURED.append((label, quantity, diff.relative))
+    failed = [
+        f"{q}: {d.relative:.3e} relative (max abs {d.absolute:.3e}, max |ref| {d.scale:.3e})"
+        for q, d in diffs.items()
+        if not d.relative <= tol
+    ]
+    assert not failed, f"{label}: differs from the reference beyond {tol:.0e}:\n" + "\n".join(
+        failed
+    )
+    return diffs
+
+
+def assert_same_atoms(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], natoms: int) -> None:
+    """Both dumps hold the same ``natoms`` atom IDs (rows already sorted by ID)."""
+    assert len(ref["id"]) == natoms, f"reference dump has {len(ref['id'])} atoms, not {natoms}"
+    np.testing.assert_array_equal(got["id"], ref["id"])
+
+
+def dump_commands(name: str, filename: str, columns: list[str]) -> str:
+    """A ``dump custom`` for one ``run 0``: full precision, rows sorted by atom ID."""
+    return (
+        f"dump {name} all custom 1 {filename} id {' '.join(columns)}\n"
+        f'dump_modify {name} sort id format float "%.17g"\n'
+    )
+
+
+def print_results(tag: str, names: dict[str, str]) -> str:
+    """``print`` of ``name value`` pairs at full precision, for :func:`read_results`."""
+    fields = " ".join(f"{name} $({expr}:%.17g)" for name, expr in names.items())
+    return f'print "{tag} {fields}"\n'
+
+
+def atoms_per_rank(output: str, what: str = "Nlocal") -> list[tuple[int, int]]:
+    """(min, max) over ranks of owned (``Nlocal``) or ghost (``Nghost``) atoms, from the
+    summary LAMMPS prints after each run, in order."""
+    pattern = rf"^{what}:\s+\S+ ave\s+(\d+) max\s+(\d+) min"
+    return [(int(lo), int(hi)) for hi, lo in re.findall(pattern, output, re.MULTILINE)]
+
+
+def neighbor_list_builds(output: str) -> list[int]:
+    """``Neighbor list builds = N`` of each run, in order."""
+    return [int(n) for n in re.findall(r"^Neighbor list builds = (\d+)", output, re.MULTILINE)]

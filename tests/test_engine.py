@@ -1,0 +1,254 @@
+"""The engine on owned + ghost graphs: a hand-made multi-rank split must reproduce the
+single-process reference once ghost forces are folded into their owners."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from _systems import (
+    System,
+    decompose,
+    fcc_argon,
+    fcc_argon_222,
+    gather,
+    lennard_jones,
+    slab_argon,
+    triclinic_ar_ne,
+)
+from nvalchemi_lammps import LocalGraph, ModelSpec, Potential, evaluate
+from nvalchemi_lammps.reference import evaluate_reference
+
+
+class Embedding(Potential):
+    """A many-body test potential: ``E_i = -sqrt(rho_i)``, ``rho_i = sum_j w_sj exp(-r)``
+    smoothly cut off. Not pairwise, so it checks that nothing in the engine assumes LJ."""
+
+    name = "test_embedding"
+
+    def __init__(self, cutoff: float = 6.0, dtype: str = "float64") -> None:
+        super().__init__()
+        self.spec = ModelSpec(elements=("Ar", "Ne"), cutoff=cutoff, units="metal", dtype=dtype)
+        self.register_buffer("weight", torch.tensor([1.0, 0.6], dtype=self.spec.torch_dtype))
+
+    def config(self) -> dict:
+        return {"cutoff": self.spec.cutoff, "dtype": self.spec.dtype}
+
+    def forward(self, graph: LocalGraph) -> torch.Tensor:
+        r = torch.linalg.vector_norm(graph.rij, dim=1)
+        x = (r / self.spec.cutoff).clamp(max=1.0)
+        smooth = (1.0 - x * x) ** 3
+        density = self.weight[graph.species[graph.pair_j]] * torch.exp(-r) * smooth
+        rho = torch.zeros(graph.ntotal, dtype=r.dtype).index_add(0, graph.pair_i, density)
+        return -torch.sqrt(rho + 1e-3)
+
+
+def _run_ranks(potential, system: System, nranks: int, nslabs: int | None = None):
+    graphs = decompose(system, potential.spec.cutoff, nranks, nslabs)
+    energies, pair_forces, partial = [], [], 0.0
+    for g in graphs:
+        result = evaluate(
+            potential,
+            g.nlocal,
+            torch.from_numpy(g.species),
+            torch.from_numpy(g.pair_i),
+            torch.from_numpy(g.pair_j),
+            torch.from_numpy(g.rij),
+        )
+        assert result.atom_energies.shape == (g.nlocal,)
+        assert result.pair_forces.shape == (len(g.pair_i), 3)
+        assert result.pair_forces.dtype == torch.float64
+        energies.append(result.atom_energies.numpy())
+        pair_forces.append(result.pair_forces.numpy())
+        partial += result.energy
+    gathered = gather(system, graphs, energies, pair_forces)
+    assert gathered.energy == pytest.approx(partial, rel=1e-14)
+    return graphs, gathered
+
+
+def _close(actual, expected, rtol=1e-12):
+    scale = float(np.abs(expected).max())
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=rtol * scale)
+
+
+SPLITS = [
+    (fcc_argon(), 2, None),
+    (fcc_argon_222(), 2, None),
+    (fcc_argon_222(), 3, None),
+    (fcc_argon_222(), 4, 3),
+    (triclinic_ar_ne(), 2, None),
+    (slab_argon(), 2, None),
+]
+SPLIT_IDS = ["fcc_argon-2", "fcc_222-2", "fcc_222-3", "fcc_222-4-one-empty", "triclinic-2", "slab-2"]
+
+
+@pytest.mark.parametrize("make_potential", [lennard_jones, lambda s: Embedding()], ids=["lj", "embedding"])
+@pytest.mark.parametrize(("system", "nranks", "nslabs"), SPLITS, ids=SPLIT_IDS)
+def test_ranks_reproduce_reference(system, nranks, nslabs, make_potential):
+    potential = make_potential(system)
+    ref = evaluate_reference(potential, system.positions, system.cell, system.pbc, system.species)
+    graphs, got = _run_ranks(potential, system, nranks, nslabs)
+    if nslabs is not None:
+        assert any(g.nlocal == 0 for g in graphs)
+    # Ghosts carry force before the fold: the split is a real test of ghost handling.
+    assert all(g.ntotal > g.nlocal for g in graphs)
+    assert got.energy == pytest.approx(ref.energy, rel=1e-12)
+    _close(got.atom_energies, ref.atom_energies)
+    _close(got.forces, ref.forces)
+    _close(got.virial, ref.virial)
+    _close(got.atom_virials, ref.atom_virials)
+
+
+def test_ghost_rows_carry_forces():
+    """Without the fold, owned forces alone are wrong: the ghosts' share is essential."""
+    system = fcc_argon_222()
+    potential = lennard_jones(system)
+    ref = evaluate_reference(potential, system.positions, system.cell, system.pbc, system.species)
+    graphs = decompose(system, potential.spec.cutoff, 2)
+    g = graphs[0]
+    result = evaluate(
+        potential, g.nlocal, torch.from_numpy(g.species), torch.from_numpy(g.pair_i),
+        torch.from_numpy(g.pair_j), torch.from_numpy(g.rij),
+    )
+    fij = result.pair_forces.numpy()
+    local = np.zeros((g.ntotal, 3))
+    np.add.at(local, g.pair_i, fij)
+    np.add.at(local, g.pair_j, -fij)
+    assert np.abs(local[g.nlocal :]).max() > 1e-3 * np.abs(ref.forces).max()
+
+
+def test_species_minus_one_atoms_are_left_out_by_the_reference():
+    """Atoms of types mapped to NULL take part in no pair and keep zero energy and force."""
+    system = triclinic_ar_ne()
+    potential = lennard_jones(system)
+    species = system.species.copy()
+    species[[1, 4]] = -1
+    ref = evaluate_reference(potential, system.positions, system.cell, system.pbc, species)
+    assert np.all(species[ref.pairs.pair_i] >= 0) and np.all(species[ref.pairs.pair_j] >= 0)
+    assert np.all(ref.forces[[1, 4]] == 0.0) and np.all(ref.atom_energies[[1, 4]] == 0.0)
+    kept = np.flatnonzero(species >= 0)
+    alone = evaluate_reference(potential, system.positions[kept], system.cell, system.pbc, species[kept])
+    _close(ref.forces[kept], alone.forces)
+    assert ref.energy == pytest.approx(alone.energy, rel=1e-13)
+
+
+# --- edge cases ---------------------------------------------------------------------------
+
+
+def _empty(n: int, *shape: int, dtype=torch.int64) -> torch.Tensor:
+    return torch.zeros((n, *shape), dtype=dtype)
+
+
+@pytest.mark.parametrize("make_potential", [lennard_jones, lambda s: Embedding()], ids=["lj", "embedding"])
+@pytest.mark.parametrize(("nlocal", "nghost"), [(0, 0), (0, 3), (4, 0), (3, 2)], ids=["no-atoms", "ghosts-only", "owned-only", "owned-and-ghosts"])
+def test_graph_without_pairs(make_potential, nlocal, nghost):
+    potential = make_potential(triclinic_ar_ne())
+    result = evaluate(
+        potential,
+        nlocal,
+        torch.zeros(nlocal + nghost, dtype=torch.int64),
+        _empty(0),
+        _empty(0),
+        _empty(0, 3, dtype=torch.float64),
+    )
+    assert result.atom_energies.shape == (nlocal,)
+    assert result.atom_energies.dtype == torch.float64
+    assert result.pair_forces.shape == (0, 3) and result.pair_forces.dtype == torch.float64
+    if isinstance(potential, Embedding):  # E_i = -sqrt(1e-3) for an isolated atom
+        np.testing.assert_allclose(result.atom_energies.numpy(), -np.sqrt(1e-3))
+    else:
+        assert result.energy == 0.0 and torch.all(result.atom_energies == 0.0)
+
+
+class Constant(Potential):
+    """Energies that depend on no pair vector (per-element reference energies)."""
+
+    name = "test_constant"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spec = ModelSpec(elements=("Ar",), cutoff=3.0, units="metal")
+
+    def forward(self, graph: LocalGraph) -> torch.Tensor:
+        return torch.full((graph.ntotal,), -0.25, dtype=torch.float64)
+
+
+def test_energies_independent_of_pairs_give_zero_forces():
+    rij = torch.tensor([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]], dtype=torch.float64)
+    pairs = torch.tensor([0, 1])
+    result = evaluate(Constant(), 2, torch.zeros(3, dtype=torch.int64), pairs, pairs.flip(0), rij)
+    assert result.energy == -0.5
+    assert torch.equal(result.pair_forces, torch.zeros(2, 3, dtype=torch.float64))
+
+
+def test_float32_potential_returns_float64():
+    system = triclinic_ar_ne()
+    p32, p64 = Embedding(dtype="float32"), Embedding()
+    graphs = decompose(system, p64.spec.cutoff, 2)
+    g = graphs[0]
+    args = (g.nlocal, torch.from_numpy(g.species), torch.from_numpy(g.pair_i), torch.from_numpy(g.pair_j), torch.from_numpy(g.rij))
+    r32, r64 = evaluate(p32, *args), evaluate(p64, *args)
+    assert r32.pair_forces.dtype == torch.float64 and r32.atom_energies.dtype == torch.float64
+    np.testing.assert_allclose(r32.pair_forces.numpy(), r64.pair_forces.numpy(), atol=1e-6)
+    assert r32.energy == pytest.approx(r64.energy, rel=1e-6)
+
+
+def test_input_tensors_are_not_modified():
+    system = fcc_argon()
+    potential = lennard_jones(system)
+    g = decompose(system, potential.spec.cutoff, 2)[0]
+    rij = torch.from_numpy(g.rij.copy())
+    evaluate(potential, g.nlocal, torch.from_numpy(g.species), torch.from_numpy(g.pair_i), torch.from_numpy(g.pair_j), rij)
+    assert np.array_equal(rij.numpy(), g.rij) and not rij.requires_grad
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+def _pair_graph(rij: list[list[float]]):
+    return (
+        2,
+        torch.zeros(2, dtype=torch.int64),
+        torch.tensor([0, 1]),
+        torch.tensor([1, 0]),
+        torch.tensor(rij, dtype=torch.float64),
+    )
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+def test_non_finite_pair_vector_names_the_atoms(bad):
+    nlocal, species, pi, pj, rij = _pair_graph([[1.0, 0.0, 0.0], [-1.0, bad, 0.0]])
+    potential = lennard_jones(fcc_argon())
+    message = "non-finite pair vector between atoms 1 and 0 (NaN or infinite positions)"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        evaluate(potential, nlocal, species, pi, pj, rij)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
+def test_pair_vectors_must_be_float64(dtype):
+    nlocal, species, pi, pj, rij = _pair_graph([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]])
+    with pytest.raises(TypeError, match=re.escape(f"pair vectors must be float64, got {dtype}")):
+        evaluate(lennard_jones(fcc_argon()), nlocal, species, pi, pj, rij.to(dtype))
+
+
+class WrongShape(Potential):
+    name = "test_wrong_shape"
+
+    def __init__(self, rows: int) -> None:
+        super().__init__()
+        self.rows = rows
+        self.spec = ModelSpec(elements=("Ar",), cutoff=3.0, units="metal")
+
+    def forward(self, graph: LocalGraph) -> torch.Tensor:
+        return graph.rij.sum() * torch.ones(self.rows, dtype=graph.rij.dtype)
+
+
+@pytest.mark.parametrize("rows", [1, 3], ids=["owned-only", "too-many"])
+def test_energies_shape_is_checked(rows):
+    nlocal, species, pi, pj, rij = _pair_graph([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]])
+    message = f"potential 'test_wrong_shape' returned energies of shape ({rows},), wanted (2,)"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        evaluate(WrongShape(rows), 1, species, pi, pj, rij)
