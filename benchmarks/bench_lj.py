@@ -42,12 +42,12 @@ import numpy as np
 import torch
 
 from nvalchemi_lammps import LocalGraph
-from nvalchemi_lammps.cli.demo import lammps_input
 from nvalchemi_lammps.cli.export import default_config_text, potential_from_config
 from nvalchemi_lammps.lammps_run import read_dump, run_lammps
 from nvalchemi_lammps import save_model
 
 STYLES = ("lj/cut", "nvalchemi")
+INPUT = Path(__file__).resolve().parents[1] / "lammps_inputs" / "in.argon"
 _LOOP = re.compile(r"^Loop time of (\S+) on (\d+) procs for (\d+) steps with (\d+) atoms")
 _SECTION = re.compile(r"^(Pair|Neigh|Comm|Modify|Output|Other)\s*\|(.*)$")
 
@@ -153,7 +153,7 @@ def machine() -> dict[str, str]:
 def bench(args: argparse.Namespace) -> dict:
     potential = potential_from_config(tomllib.loads(default_config_text())).eval()
     cutoff = potential.spec.cutoff
-    script = lammps_input("in.argon").read_text()
+    script = INPUT.read_text()
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-lj-") as tmp:
         model = save_model(potential, Path(tmp) / "argon.pt")

@@ -75,9 +75,13 @@ def load_model(path: str | os.PathLike) -> Potential:
             else "export the model again with this version"
         )
         raise ModelFileError(
-            f"model file {path} has format version {version}, this nvalchemi-lammps reads "
+            f"model file {path} has format version {version!r}, this nvalchemi-lammps reads "
             f"version {FORMAT_VERSION}: {advice}"
         )
-    potential = potential_class(record["potential"]).from_config(record["config"])
-    potential.load_state_dict(record["state_dict"])
+    try:
+        potential = potential_class(record["potential"]).from_config(record["config"])
+        potential.load_state_dict(record["state_dict"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        reason = f"missing entry {err}" if isinstance(err, KeyError) else str(err)
+        raise ModelFileError(f"model file {path} is damaged or incomplete: {reason}") from None
     return potential.eval()

@@ -193,9 +193,7 @@ def evaluate_reference(
         raise ValueError(f"positions must have shape (N, 3), got {positions.shape}")
     natoms = positions.shape[0]
     if species.shape != (natoms,):
-        raise ValueError(
-            f"species must have shape ({natoms},) like positions, got {species.shape}"
-        )
+        raise ValueError(f"species must have shape ({natoms},) like positions, got {species.shape}")
     nelements = len(potential.spec.elements)
     if species.size and (species.min() < -1 or species.max() >= nelements):
         raise ValueError(

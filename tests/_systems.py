@@ -15,8 +15,8 @@ import numpy as np
 from nvalchemi_lammps import LennardJones
 from nvalchemi_lammps.reference import neighbor_pairs
 
-ARGON = dict(epsilon=0.0104, sigma=3.40)
-NEON = dict(epsilon=0.0031, sigma=2.75)
+ARGON = {"epsilon": 0.0104, "sigma": 3.40}
+NEON = {"epsilon": 0.0031, "sigma": 2.75}
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,9 @@ def slab_argon() -> System:
     cell = np.array([[5.26, 0.0, 0.0], [0.0, 5.26, 0.0], [0.0, 0.0, 10.52]])
     frac = np.concatenate([FCC, FCC + [0.0, 0.0, 0.5]])
     positions = _rattled(frac, cell, 0.1, seed=5)
-    return System("slab_argon", positions, cell, (True, True, False), np.zeros(8, np.int64), ("Ar",))
+    return System(
+        "slab_argon", positions, cell, (True, True, False), np.zeros(8, np.int64), ("Ar",)
+    )
 
 
 def cluster_ar_ne() -> System:
@@ -155,7 +157,9 @@ def _slabs(system: System, nslabs: int) -> np.ndarray:
     return np.minimum((frac * nslabs).astype(np.int64), nslabs - 1)
 
 
-def decompose(system: System, cutoff: float, nranks: int, nslabs: int | None = None) -> list[RankGraph]:
+def decompose(
+    system: System, cutoff: float, nranks: int, nslabs: int | None = None
+) -> list[RankGraph]:
     """Split ``system`` over ``nranks`` ranks as LAMMPS would, in slabs along lattice
     direction 0.
 
@@ -226,7 +230,9 @@ def decompose_shell(
     graphs = []
     for rank in range(nranks):
         owned = [int(a) for a in np.flatnonzero(slab == rank)]
-        row_of: dict[tuple[int, int, int, int], int] = {(a, 0, 0, 0): k for k, a in enumerate(owned)}
+        row_of: dict[tuple[int, int, int, int], int] = {
+            (a, 0, 0, 0): k for k, a in enumerate(owned)
+        }
         nodes = list(row_of)
         frontier = list(nodes)
         for _ in range(layers):
@@ -312,7 +318,7 @@ def image_ranges(system: System, cutoff: float) -> list[range]:
     ranges = []
     for a in range(3):
         if not system.pbc[a]:
-            ranges.append(range(0, 1))
+            ranges.append(range(1))
             continue
         b, c = system.cell[(a + 1) % 3], system.cell[(a + 2) % 3]
         spacing = system.volume / np.linalg.norm(np.cross(b, c))
@@ -354,7 +360,7 @@ class ThreadWorld:
         def target(rank: int) -> None:
             try:
                 results[rank] = work(rank)
-            except BaseException as err:  # re-raised in the caller
+            except BaseException as err:  # noqa: BLE001 - re-raised in the caller
                 errors.append(err)
                 self.barrier.abort()
 

@@ -16,6 +16,7 @@ from nvalchemi_lammps.cli import demo as demo_cli
 from nvalchemi_lammps.cli import export as export_cli
 from nvalchemi_lammps.cli.demo import StyleRun, compare, lammps_input, thermo_blocks
 from nvalchemi_lammps.cli.export import potential_from_config
+from nvalchemi_lammps.potentials import potential_class
 
 ARKR = Path(__file__).resolve().parents[1] / "lammps_inputs" / "arkr_lj.toml"
 
@@ -106,6 +107,14 @@ def test_export_refuses_another_suffix(tmp_path, capsys):
     assert not out.exists()
 
 
+def _unknown_potential_message(name: str) -> str:
+    """What the potential registry says about ``name``; it lists every registered one."""
+    with pytest.raises(ValueError) as exc:
+        potential_class(name)
+    assert re.fullmatch(rf"unknown potential '{name}' \(known: .*lennard_jones.*\)", str(exc.value))
+    return str(exc.value)
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -120,7 +129,7 @@ def test_export_refuses_another_suffix(tmp_path, capsys):
             "potential lennard_jones needs key(s) sigma, cutoff",
         ),
         ('elements = ["Ar"]\n', 'the configuration needs a top-level key potential = "<name>"'),
-        ('potential = "morse"\n', "unknown potential 'morse' (known: lennard_jones)"),
+        ('potential = "morse"\n', _unknown_potential_message("morse")),
         (
             'potential = "lennard_jones"\nelements = ["Ar"]\ncutoff = 8.5\nmixing = "magic"\n'
             "[epsilon]\nAr = 0.01\n[sigma]\nAr = 3.4\n",

@@ -22,7 +22,15 @@ MODEL = ("Ar", "Ne")
         (["Ne"], [1]),
         ([], []),
     ],
-    ids=["in-order", "reversed", "null", "all-null", "several-types-one-element", "subset", "no-types"],
+    ids=[
+        "in-order",
+        "reversed",
+        "null",
+        "all-null",
+        "several-types-one-element",
+        "subset",
+        "no-types",
+    ],
 )
 def test_map_elements(names, expected):
     assert map_elements(names, MODEL) == expected

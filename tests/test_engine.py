@@ -8,7 +8,6 @@ import re
 import numpy as np
 import pytest
 import torch
-
 from _systems import (
     System,
     decompose,
@@ -19,6 +18,7 @@ from _systems import (
     slab_argon,
     triclinic_ar_ne,
 )
+
 from nvalchemi_lammps import LocalGraph, ModelSpec, Potential, evaluate
 from nvalchemi_lammps.reference import evaluate_reference
 
@@ -82,10 +82,19 @@ SPLITS = [
     (triclinic_ar_ne(), 2, None),
     (slab_argon(), 2, None),
 ]
-SPLIT_IDS = ["fcc_argon-2", "fcc_222-2", "fcc_222-3", "fcc_222-4-one-empty", "triclinic-2", "slab-2"]
+SPLIT_IDS = [
+    "fcc_argon-2",
+    "fcc_222-2",
+    "fcc_222-3",
+    "fcc_222-4-one-empty",
+    "triclinic-2",
+    "slab-2",
+]
 
 
-@pytest.mark.parametrize("make_potential", [lennard_jones, lambda s: Embedding()], ids=["lj", "embedding"])
+@pytest.mark.parametrize(
+    "make_potential", [lennard_jones, lambda s: Embedding()], ids=["lj", "embedding"]
+)
 @pytest.mark.parametrize(("system", "nranks", "nslabs"), SPLITS, ids=SPLIT_IDS)
 def test_ranks_reproduce_reference(system, nranks, nslabs, make_potential):
     potential = make_potential(system)
@@ -110,8 +119,12 @@ def test_ghost_rows_carry_forces():
     graphs = decompose(system, potential.spec.cutoff, 2)
     g = graphs[0]
     result = evaluate(
-        potential, g.nlocal, torch.from_numpy(g.species), torch.from_numpy(g.pair_i),
-        torch.from_numpy(g.pair_j), torch.from_numpy(g.rij),
+        potential,
+        g.nlocal,
+        torch.from_numpy(g.species),
+        torch.from_numpy(g.pair_i),
+        torch.from_numpy(g.pair_j),
+        torch.from_numpy(g.rij),
     )
     fij = result.pair_forces.numpy()
     local = np.zeros((g.ntotal, 3))
@@ -130,7 +143,9 @@ def test_species_minus_one_atoms_are_left_out_by_the_reference():
     assert np.all(species[ref.pairs.pair_i] >= 0) and np.all(species[ref.pairs.pair_j] >= 0)
     assert np.all(ref.forces[[1, 4]] == 0.0) and np.all(ref.atom_energies[[1, 4]] == 0.0)
     kept = np.flatnonzero(species >= 0)
-    alone = evaluate_reference(potential, system.positions[kept], system.cell, system.pbc, species[kept])
+    alone = evaluate_reference(
+        potential, system.positions[kept], system.cell, system.pbc, species[kept]
+    )
     _close(ref.forces[kept], alone.forces)
     assert ref.energy == pytest.approx(alone.energy, rel=1e-13)
 
@@ -142,8 +157,14 @@ def _empty(n: int, *shape: int, dtype=torch.int64) -> torch.Tensor:
     return torch.zeros((n, *shape), dtype=dtype)
 
 
-@pytest.mark.parametrize("make_potential", [lennard_jones, lambda s: Embedding()], ids=["lj", "embedding"])
-@pytest.mark.parametrize(("nlocal", "nghost"), [(0, 0), (0, 3), (4, 0), (3, 2)], ids=["no-atoms", "ghosts-only", "owned-only", "owned-and-ghosts"])
+@pytest.mark.parametrize(
+    "make_potential", [lennard_jones, lambda s: Embedding()], ids=["lj", "embedding"]
+)
+@pytest.mark.parametrize(
+    ("nlocal", "nghost"),
+    [(0, 0), (0, 3), (4, 0), (3, 2)],
+    ids=["no-atoms", "ghosts-only", "owned-only", "owned-and-ghosts"],
+)
 def test_graph_without_pairs(make_potential, nlocal, nghost):
     potential = make_potential(triclinic_ar_ne())
     result = evaluate(
@@ -189,7 +210,13 @@ def test_float32_potential_returns_float64():
     p32, p64 = Embedding(dtype="float32"), Embedding()
     graphs = decompose(system, p64.spec.cutoff, 2)
     g = graphs[0]
-    args = (g.nlocal, torch.from_numpy(g.species), torch.from_numpy(g.pair_i), torch.from_numpy(g.pair_j), torch.from_numpy(g.rij))
+    args = (
+        g.nlocal,
+        torch.from_numpy(g.species),
+        torch.from_numpy(g.pair_i),
+        torch.from_numpy(g.pair_j),
+        torch.from_numpy(g.rij),
+    )
     r32, r64 = evaluate(p32, *args), evaluate(p64, *args)
     assert r32.pair_forces.dtype == torch.float64 and r32.atom_energies.dtype == torch.float64
     np.testing.assert_allclose(r32.pair_forces.numpy(), r64.pair_forces.numpy(), atol=1e-6)
@@ -201,7 +228,14 @@ def test_input_tensors_are_not_modified():
     potential = lennard_jones(system)
     g = decompose(system, potential.spec.cutoff, 2)[0]
     rij = torch.from_numpy(g.rij.copy())
-    evaluate(potential, g.nlocal, torch.from_numpy(g.species), torch.from_numpy(g.pair_i), torch.from_numpy(g.pair_j), rij)
+    evaluate(
+        potential,
+        g.nlocal,
+        torch.from_numpy(g.species),
+        torch.from_numpy(g.pair_i),
+        torch.from_numpy(g.pair_j),
+        rij,
+    )
     assert np.array_equal(rij.numpy(), g.rij) and not rij.requires_grad
 
 
@@ -218,7 +252,9 @@ def _pair_graph(rij: list[list[float]]):
     )
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize(
+    "bad", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"]
+)
 def test_non_finite_pair_vector_names_the_atoms(bad):
     nlocal, species, pi, pj, rij = _pair_graph([[1.0, 0.0, 0.0], [-1.0, bad, 0.0]])
     potential = lennard_jones(fcc_argon())
@@ -248,7 +284,7 @@ class WrongShape(Potential):
 
 @pytest.mark.parametrize("rows", [1, 3], ids=["owned-only", "too-many"])
 def test_energies_shape_is_checked(rows):
-    nlocal, species, pi, pj, rij = _pair_graph([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]])
+    _nlocal, species, pi, pj, rij = _pair_graph([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]])
     message = f"potential 'test_wrong_shape' returned energies of shape ({rows},), wanted (2,)"
     with pytest.raises(ValueError, match=re.escape(message)):
         evaluate(WrongShape(rows), 1, species, pi, pj, rij)

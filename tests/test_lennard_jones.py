@@ -10,7 +10,6 @@ import re
 import numpy as np
 import pytest
 import torch
-
 from _systems import (
     System,
     cluster_ar_ne,
@@ -21,6 +20,7 @@ from _systems import (
     slab_argon,
     triclinic_ar_ne,
 )
+
 from nvalchemi_lammps import LennardJones, evaluate
 from nvalchemi_lammps.reference import evaluate_reference, neighbor_pairs
 
@@ -72,14 +72,16 @@ def brute_force(system: System, potential: LennardJones) -> dict[str, np.ndarray
     forces = (du_over_r[..., None] * d).sum(axis=(1, 2))
     w = -du_over_r[..., None, None] * d[..., :, None] * d[..., None, :]  # (N, N, M, 3, 3)
     atom_w = 0.5 * w.sum(axis=(1, 2))
-    voigt = np.stack([atom_w[:, a, b] for a, b in ((0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2))], 1)
-    return dict(
-        energy=atom_energies.sum(),
-        atom_energies=atom_energies,
-        forces=forces,
-        virial=atom_w.sum(axis=0),
-        atom_virials=voigt,
+    voigt = np.stack(
+        [atom_w[:, a, b] for a, b in ((0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2))], 1
     )
+    return {
+        "energy": atom_energies.sum(),
+        "atom_energies": atom_energies,
+        "forces": forces,
+        "virial": atom_w.sum(axis=0),
+        "atom_virials": voigt,
+    }
 
 
 def _reference(system: System, potential) -> object:
@@ -104,7 +106,9 @@ def test_matches_brute_force(system, shift):
     assert abs(ref.energy - expected["energy"]) <= 1e-11 * abs(expected["energy"])
     for key in ("atom_energies", "forces", "virial", "atom_virials"):
         _close(getattr(ref, key), expected[key])
-    np.testing.assert_allclose(ref.atom_virials.sum(axis=0), ref.virial_voigt, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(
+        ref.atom_virials.sum(axis=0), ref.virial_voigt, rtol=1e-12, atol=1e-15
+    )
 
 
 def test_small_cell_lists_own_images():
@@ -115,7 +119,10 @@ def test_small_cell_lists_own_images():
     assert own.sum() > 0 and np.all(np.abs(pairs.shifts[own]).sum(axis=1) > 0)
     # Every pair is listed in both directions with opposite shifts.
     forward = {(i, j, *s) for i, j, s in zip(pairs.pair_i, pairs.pair_j, pairs.shifts.tolist())}
-    backward = {(j, i, *(-np.array(s))) for i, j, s in zip(pairs.pair_i, pairs.pair_j, pairs.shifts.tolist())}
+    backward = {
+        (j, i, *(-np.array(s)))
+        for i, j, s in zip(pairs.pair_i, pairs.pair_j, pairs.shifts.tolist())
+    }
     assert forward == backward
 
 
@@ -126,7 +133,9 @@ def _energy(system: System, potential) -> float:
     return _reference(system, potential).energy
 
 
-@pytest.mark.parametrize("system", [fcc_argon(), triclinic_ar_ne(), slab_argon(), cluster_ar_ne()], ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "system", [fcc_argon(), triclinic_ar_ne(), slab_argon(), cluster_ar_ne()], ids=lambda s: s.name
+)
 def test_forces_are_minus_energy_gradient(system):
     potential = lennard_jones(system, shift=True)
     forces = _reference(system, potential).forces
@@ -136,8 +145,14 @@ def test_forces_are_minus_energy_gradient(system):
         plus, minus = system.positions.copy(), system.positions.copy()
         plus[a, k] += h
         minus[a, k] -= h
-        e_plus = _energy(System(system.name, plus, system.cell, system.pbc, system.species, system.elements), potential)
-        e_minus = _energy(System(system.name, minus, system.cell, system.pbc, system.species, system.elements), potential)
+        e_plus = _energy(
+            System(system.name, plus, system.cell, system.pbc, system.species, system.elements),
+            potential,
+        )
+        e_minus = _energy(
+            System(system.name, minus, system.cell, system.pbc, system.species, system.elements),
+            potential,
+        )
         numeric[a, k] = -(e_plus - e_minus) / (2 * h)
     _close(forces, numeric, rtol=1e-6)
 
@@ -153,7 +168,8 @@ def test_virial_is_minus_strain_derivative(system):
         strain = np.zeros((3, 3))
         strain[a, b] = h
         numeric[a, b] = -(
-            _energy(system.strained(strain), potential) - _energy(system.strained(-strain), potential)
+            _energy(system.strained(strain), potential)
+            - _energy(system.strained(-strain), potential)
         ) / (2 * h)
     _close(virial, numeric, rtol=1e-6)
     np.testing.assert_allclose(virial, virial.T, atol=1e-12 * np.abs(virial).max())
@@ -218,7 +234,9 @@ def test_pair_cutoff_beyond_global_widens_the_model_cutoff():
     potential = LennardJones(["Ar", "Ne"], EPSILON, SIGMA, cutoff=5.0, pairs=pairs)
     assert potential.spec.cutoff == 6.0
     # sigma of the pair still comes from mixing: only the cutoff was given
-    np.testing.assert_allclose(_dimer_energy(potential, 0, 1, 5.5), _lj(0.5, math.sqrt(2.0), 5.5), rtol=1e-13)
+    np.testing.assert_allclose(
+        _dimer_energy(potential, 0, 1, 5.5), _lj(0.5, math.sqrt(2.0), 5.5), rtol=1e-13
+    )
     assert _dimer_energy(potential, 0, 0, 5.5) == (0.0, 0.0)
 
 
@@ -264,8 +282,15 @@ def test_float32_agrees_with_float64(system):
 
 def test_config_round_trip():
     potential = LennardJones(
-        ["Ar", "Ne"], EPSILON, SIGMA, cutoff=5.0, mixing="arithmetic", shift=True,
-        pairs=[{"elements": ["Ar", "Ne"], "sigma": 1.4}], units="real", dtype="float32",
+        ["Ar", "Ne"],
+        EPSILON,
+        SIGMA,
+        cutoff=5.0,
+        mixing="arithmetic",
+        shift=True,
+        pairs=[{"elements": ["Ar", "Ne"], "sigma": 1.4}],
+        units="real",
+        dtype="float32",
     )
     again = LennardJones.from_config(potential.config())
     assert again.config() == potential.config()
@@ -280,35 +305,56 @@ def test_config_round_trip():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(mixing="harmonic"), "mixing must be one of geometric, arithmetic, sixthpower; got 'harmonic'"),
-        (dict(epsilon={"Ar": 1.0}), "epsilon missing for element(s) Ne"),
-        (dict(sigma={}), "sigma missing for element(s) Ar, Ne"),
         (
-            dict(pairs=[{"elements": ["Ar", "Xe"], "epsilon": 1.0}]),
-            "pair entry {'elements': ['Ar', 'Xe'], 'epsilon': 1.0} must name two of the elements ['Ar', 'Ne']",
+            {"mixing": "harmonic"},
+            "mixing must be one of geometric, arithmetic, sixthpower; got 'harmonic'",
+        ),
+        ({"epsilon": {"Ar": 1.0}}, "epsilon missing for element(s) Ne"),
+        ({"sigma": {}}, "sigma missing for element(s) Ar, Ne"),
+        (
+            {"pairs": [{"elements": ["Ar", "Xe"], "epsilon": 1.0}]},
+            (
+                "pair entry {'elements': ['Ar', 'Xe'], 'epsilon': 1.0} "
+                "must name two of the elements ['Ar', 'Ne']"
+            ),
         ),
         (
-            dict(pairs=[{"elements": ["Ar"], "epsilon": 1.0}]),
-            "pair entry {'elements': ['Ar'], 'epsilon': 1.0} must name two of the elements ['Ar', 'Ne']",
+            {"pairs": [{"elements": ["Ar"], "epsilon": 1.0}]},
+            (
+                "pair entry {'elements': ['Ar'], 'epsilon': 1.0} "
+                "must name two of the elements ['Ar', 'Ne']"
+            ),
         ),
         (
-            dict(pairs=[{"epsilon": 1.0}]),
+            {"pairs": [{"epsilon": 1.0}]},
             "pair entry {'epsilon': 1.0} must name two of the elements ['Ar', 'Ne']",
         ),
-        (dict(pairs=[{"elements": ["Ar", "Ne"], "eps": 1.0, "rc": 2}]), "unknown pair parameter(s) eps, rc"),
-        (dict(cutoff=0.0), "cutoff must be positive, got 0.0"),
-        (dict(units="lj"), "units must be one of metal, real; got 'lj'"),
-        (dict(dtype="float16"), "dtype must be one of float32, float64; got 'float16'"),
-        (dict(elements=["Ar", "Ar"]), "duplicate element names in ['Ar', 'Ar']"),
-        (dict(elements=[]), "a model needs at least one element"),
+        (
+            {"pairs": [{"elements": ["Ar", "Ne"], "eps": 1.0, "rc": 2}]},
+            "unknown pair parameter(s) eps, rc",
+        ),
+        ({"cutoff": 0.0}, "cutoff must be positive, got 0.0"),
+        ({"units": "lj"}, "units must be one of metal, real; got 'lj'"),
+        ({"dtype": "float16"}, "dtype must be one of float32, float64; got 'float16'"),
+        ({"elements": ["Ar", "Ar"]}, "duplicate element names in ['Ar', 'Ar']"),
+        ({"elements": []}, "a model needs at least one element"),
     ],
     ids=[
-        "unknown-mixing", "missing-epsilon", "missing-sigma", "pair-unknown-element",
-        "pair-one-element", "pair-no-elements", "pair-unknown-parameter", "zero-cutoff",
-        "bad-units", "bad-dtype", "duplicate-elements", "no-elements",
+        "unknown-mixing",
+        "missing-epsilon",
+        "missing-sigma",
+        "pair-unknown-element",
+        "pair-one-element",
+        "pair-no-elements",
+        "pair-unknown-parameter",
+        "zero-cutoff",
+        "bad-units",
+        "bad-dtype",
+        "duplicate-elements",
+        "no-elements",
     ],
 )
 def test_constructor_errors(kwargs, message):
-    args = dict(elements=["Ar", "Ne"], epsilon=EPSILON, sigma=SIGMA, cutoff=5.0) | kwargs
+    args = {"elements": ["Ar", "Ne"], "epsilon": EPSILON, "sigma": SIGMA, "cutoff": 5.0} | kwargs
     with pytest.raises(ValueError, match=re.escape(message)):
         LennardJones(**args)

@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 import torch
-
 from _systems import triclinic_ar_ne
+
 from nvalchemi_lammps import FORMAT_VERSION, LennardJones, ModelFileError, load_model, save_model
 from nvalchemi_lammps._model_file import FORMAT
 from nvalchemi_lammps.reference import evaluate_reference
@@ -119,13 +119,20 @@ def test_loading_never_runs_code_from_the_file(tmp_path):
 
 @pytest.mark.parametrize(
     "content",
-    [{"weights": torch.zeros(3)}, {"format": "other-format", "format_version": 1}, [1, 2, 3], torch.ones(2)],
+    [
+        {"weights": torch.zeros(3)},
+        {"format": "other-format", "format_version": 1},
+        [1, 2, 3],
+        torch.ones(2),
+    ],
     ids=["plain-dict", "other-format", "list", "tensor"],
 )
 def test_not_our_format(tmp_path, content):
     path = tmp_path / "other.pt"
     torch.save(content, path)
-    with pytest.raises(ModelFileError, match=re.escape(f"{path} is not an nvalchemi-lammps model file")):
+    with pytest.raises(
+        ModelFileError, match=re.escape(f"{path} is not an nvalchemi-lammps model file")
+    ):
         load_model(path)
 
 
@@ -159,6 +166,8 @@ def test_unknown_potential_name(tmp_path):
     record = _record(path)
     record["potential"] = "no_such_potential"
     torch.save(record, path)
-    with pytest.raises(ValueError, match=re.escape("unknown potential 'no_such_potential' (known: ")) as info:
+    with pytest.raises(
+        ValueError, match=re.escape("unknown potential 'no_such_potential' (known: ")
+    ) as info:
         load_model(path)
     assert "lennard_jones" in str(info.value)

@@ -12,7 +12,6 @@ import re
 import numpy as np
 import pytest
 import torch
-
 from _systems import (
     RankCollectives,
     RankGraph,
@@ -24,6 +23,7 @@ from _systems import (
     lennard_jones,
     triclinic_ar_ne,
 )
+
 from nvalchemi_lammps import MessagePassing, ModelFileError, save_model
 from nvalchemi_lammps.frontends.plugin import PluginSession, open_session
 from nvalchemi_lammps.reference import evaluate_reference
@@ -106,7 +106,13 @@ def _run_world(session_of, system, graphs):
     def work(rank):
         g = graphs[rank]
         return _call_compute(
-            session_of(rank), g.nlocal, g.species, g.pair_i, g.pair_j, g.rij, world.collectives(rank)
+            session_of(rank),
+            g.nlocal,
+            g.species,
+            g.pair_i,
+            g.pair_j,
+            g.rij,
+            world.collectives(rank),
         )
 
     results = world.run(work)
@@ -140,7 +146,9 @@ def test_compute_matches_reference(model_path, nranks):
 
 
 @pytest.mark.parametrize(
-    ("nranks", "nslabs"), [(1, None), (2, None), (3, None), (3, 2)], ids=["np1", "np2", "np3", "np3-one-empty"]
+    ("nranks", "nslabs"),
+    [(1, None), (2, None), (3, None), (3, 2)],
+    ids=["np1", "np2", "np3", "np3-one-empty"],
 )
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_message_passing_exchange_matches_reference(tmp_path, nranks, nslabs, dtype):
@@ -154,7 +162,10 @@ def test_message_passing_exchange_matches_reference(tmp_path, nranks, nslabs, dt
     assert all(s.layers == 3 and s.uses_exchange for s in sessions)
     ref = evaluate_reference(
         MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, features=8),
-        system.positions, system.cell, system.pbc, system.species,
+        system.positions,
+        system.cell,
+        system.pbc,
+        system.species,
     )
     graphs = decompose(system, 5.0, nranks, nslabs)
     world, got, total = _run_world(sessions.__getitem__, system, graphs)
@@ -162,7 +173,9 @@ def test_message_passing_exchange_matches_reference(tmp_path, nranks, nslabs, dt
         _assert_matches(got, total, ref)
     else:
         assert total == pytest.approx(ref.energy, rel=1e-5)
-        np.testing.assert_allclose(got.forces, ref.forces, rtol=0, atol=1e-4 * np.abs(ref.forces).max())
+        np.testing.assert_allclose(
+            got.forces, ref.forces, rtol=0, atol=1e-4 * np.abs(ref.forces).max()
+        )
     # same collective sequence on every rank, the empty one included
     assert all(calls == world.calls[0] for calls in world.calls)
     assert world.calls[0].count("forward_exchange") == 2
@@ -193,7 +206,9 @@ def test_message_passing_shell_matches_reference(tmp_path, nranks, nslabs):
     _, short, _ = _call_compute(
         sessions[0], g.nlocal, g.species, g.pair_i[keep], g.pair_j[keep], g.rij[keep], _solo(g)
     )
-    _, full, _ = _call_compute(sessions[0], g.nlocal, g.species, g.pair_i, g.pair_j, g.rij, _solo(g))
+    _, full, _ = _call_compute(
+        sessions[0], g.nlocal, g.species, g.pair_i, g.pair_j, g.rij, _solo(g)
+    )
     assert np.abs(short - full).max() > 1e-6 * np.abs(full).max()
 
 
@@ -209,7 +224,9 @@ def test_set_strategy(tmp_path, model_path):
     assert session.strategy == "shell" and not session.uses_exchange
     session.set_strategy("exchange")
     assert session.uses_exchange
-    message = "the message_passing model does not support strategy bogus (it supports: exchange, shell)"
+    message = (
+        "the message_passing model does not support strategy bogus (it supports: exchange, shell)"
+    )
     with pytest.raises(ValueError, match=re.escape(message)):
         session.set_strategy("bogus")
 
@@ -224,14 +241,20 @@ def test_inputs_are_left_untouched(model_path):
         assert np.array_equal(before, after)
 
 
-@pytest.mark.parametrize(("nlocal", "nghost"), [(0, 0), (0, 5), (3, 0), (2, 4)], ids=["nothing", "ghosts-only", "owned-only", "owned-and-ghosts"])
+@pytest.mark.parametrize(
+    ("nlocal", "nghost"),
+    [(0, 0), (0, 5), (3, 0), (2, 4)],
+    ids=["nothing", "ghosts-only", "owned-only", "owned-and-ghosts"],
+)
 def test_compute_without_pairs(model_path, nlocal, nghost):
     """A rank with no pairs (or no atoms at all) takes the same path with zero-byte views."""
     session = open_session(model_path, 1)
     species = np.zeros(nlocal + nghost, dtype=np.int64)
     none = np.zeros(0, dtype=np.int64)
     graph = _bare(nlocal, species, none, none, np.zeros((0, 3)))
-    energy, energies, forces = _call_compute(session, nlocal, species, none, none, graph.rij, _solo(graph))
+    energy, energies, forces = _call_compute(
+        session, nlocal, species, none, none, graph.rij, _solo(graph)
+    )
     assert energy == 0.0
     assert energies.shape == (nlocal,) and np.all(energies == 0.0)
     assert forces.shape == (0, 3)
@@ -242,14 +265,18 @@ def test_float32_model_writes_float64(tmp_path):
     path = save_model(lennard_jones(system, dtype="float32"), tmp_path / "f32.pt")
     session = open_session(str(path), 2)
     assert torch.get_num_threads() == 2
-    ref = evaluate_reference(lennard_jones(system), system.positions, system.cell, system.pbc, system.species)
+    ref = evaluate_reference(
+        lennard_jones(system), system.positions, system.cell, system.pbc, system.species
+    )
     p = ref.pairs
     graph = _bare(system.natoms, system.species, p.pair_i, p.pair_j, p.rij)
-    energy, energies, forces = _call_compute(
+    energy, _energies, forces = _call_compute(
         session, system.natoms, system.species, p.pair_i, p.pair_j, p.rij, _solo(graph)
     )
     assert energy == pytest.approx(ref.energy, rel=1e-5)
-    np.testing.assert_allclose(forces, ref.pair_forces, rtol=0, atol=1e-5 * np.abs(ref.pair_forces).max())
+    np.testing.assert_allclose(
+        forces, ref.pair_forces, rtol=0, atol=1e-5 * np.abs(ref.pair_forces).max()
+    )
     assert not np.array_equal(forces, ref.pair_forces)
 
 

@@ -7,7 +7,6 @@ import re
 
 import numpy as np
 import pytest
-
 from _systems import (
     cluster_ar_ne,
     fcc_argon,
@@ -16,6 +15,7 @@ from _systems import (
     slab_argon,
     triclinic_ar_ne,
 )
+
 from nvalchemi_lammps.reference import (
     NKTV2P,
     ReferenceResult,
@@ -39,10 +39,14 @@ def test_pair_list_matches_ase(system, cutoff):
     from ase.neighborlist import neighbor_list
 
     atoms = ase.Atoms(
-        numbers=np.full(system.natoms, 18), positions=system.positions, cell=system.cell, pbc=system.pbc
+        numbers=np.full(system.natoms, 18),
+        positions=system.positions,
+        cell=system.cell,
+        pbc=system.pbc,
     )
     expected = _canonical(*neighbor_list("ijSD", atoms, cutoff))
-    got = _canonical(*(lambda p: (p.pair_i, p.pair_j, p.shifts, p.rij))(neighbor_pairs(system.positions, system.cell, system.pbc, cutoff)))
+    p = neighbor_pairs(system.positions, system.cell, system.pbc, cutoff)
+    got = _canonical(p.pair_i, p.pair_j, p.shifts, p.rij)
     assert len(got[0]) == len(expected[0])
     for a, b in zip(got[:3], expected[:3]):
         assert np.array_equal(a, b)
@@ -60,7 +64,9 @@ def test_rij_is_image_of_j_minus_i():
 
 def test_no_atoms():
     system = fcc_argon()
-    ref = evaluate_reference(lennard_jones(system), np.zeros((0, 3)), system.cell, system.pbc, np.zeros(0, np.int64))
+    ref = evaluate_reference(
+        lennard_jones(system), np.zeros((0, 3)), system.cell, system.pbc, np.zeros(0, np.int64)
+    )
     assert ref.energy == 0.0
     assert ref.atom_energies.shape == (0,) and ref.forces.shape == (0, 3)
     assert ref.atom_virials.shape == (0, 6) and ref.pair_forces.shape == (0, 3)
@@ -69,7 +75,9 @@ def test_no_atoms():
 
 def _result_with_virial(virial: np.ndarray) -> ReferenceResult:
     empty = np.zeros(0)
-    return ReferenceResult(0.0, empty, np.zeros((0, 3)), virial, np.zeros((0, 6)), None, np.zeros((0, 3)))
+    return ReferenceResult(
+        0.0, empty, np.zeros((0, 3)), virial, np.zeros((0, 6)), None, np.zeros((0, 3))
+    )
 
 
 def test_voigt_order_is_lammps():
@@ -83,8 +91,12 @@ def test_pressure():
     result = _result_with_virial(virial)
     np.testing.assert_array_equal(result.pressure(2.0), virial / 2.0)
     np.testing.assert_array_equal(result.pressure(2.0, kinetic), (virial + kinetic) / 2.0)
-    np.testing.assert_allclose(result.pressure(2.0, units="metal"), virial / 2.0 * 1.6021765e6, rtol=1e-15)
-    np.testing.assert_allclose(result.pressure(2.0, units="real"), virial / 2.0 * 68568.415, rtol=1e-15)
+    np.testing.assert_allclose(
+        result.pressure(2.0, units="metal"), virial / 2.0 * 1.6021765e6, rtol=1e-15
+    )
+    np.testing.assert_allclose(
+        result.pressure(2.0, units="real"), virial / 2.0 * 68568.415, rtol=1e-15
+    )
     assert set(NKTV2P) == {"metal", "real"}
     # the scalar pressure LAMMPS prints: trace / 3
     assert np.trace(result.pressure(2.0)) / 3 == pytest.approx(1.0)
@@ -93,9 +105,12 @@ def test_pressure():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(volume=0.0), "volume must be positive, got 0.0"),
-        (dict(volume=1.0, kinetic=np.zeros(3)), "kinetic tensor must have shape (3, 3), got (3,)"),
-        (dict(volume=1.0, units="lj"), "units must be one of metal, real; got 'lj'"),
+        ({"volume": 0.0}, "volume must be positive, got 0.0"),
+        (
+            {"volume": 1.0, "kinetic": np.zeros(3)},
+            "kinetic tensor must have shape (3, 3), got (3,)",
+        ),
+        ({"volume": 1.0, "units": "lj"}, "units must be one of metal, real; got 'lj'"),
     ],
     ids=["volume", "kinetic-shape", "units"],
 )
@@ -125,7 +140,9 @@ def test_evaluate_atoms():
     symbols = [system.elements[s] for s in system.species]
     atoms = ase.Atoms(symbols=symbols, positions=system.positions, cell=system.cell, pbc=system.pbc)
     potential = lennard_jones(system)
-    direct = evaluate_reference(potential, system.positions, system.cell, system.pbc, system.species)
+    direct = evaluate_reference(
+        potential, system.positions, system.cell, system.pbc, system.species
+    )
     via_atoms = evaluate_atoms(potential, atoms)
     assert via_atoms.energy == direct.energy
     assert np.array_equal(via_atoms.forces, direct.forces)
@@ -145,23 +162,31 @@ def test_evaluate_atoms():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (dict(species=np.zeros(3, np.int64)), "species must have shape (6,) like positions, got (3,)"),
         (
-            dict(species=np.array([0, 1, 2, 0, 1, 0])),
+            {"species": np.zeros(3, np.int64)},
+            "species must have shape (6,) like positions, got (3,)",
+        ),
+        (
+            {"species": np.array([0, 1, 2, 0, 1, 0])},
             "species must lie in [-1, 2) for a model of 2 elements, got values in [0, 2]",
         ),
         (
-            dict(species=np.array([0, 1, -2, 0, 1, 0])),
+            {"species": np.array([0, 1, -2, 0, 1, 0])},
             "species must lie in [-1, 2) for a model of 2 elements, got values in [-2, 1]",
         ),
-        (dict(cell=np.eye(2)), "cell must have shape (3, 3), got (2, 2)"),
-        (dict(pbc=(True, True)), "pbc must have 3 entries, got 2"),
+        ({"cell": np.eye(2)}, "cell must have shape (3, 3), got (2, 2)"),
+        ({"pbc": (True, True)}, "pbc must have 3 entries, got 2"),
     ],
     ids=["species-shape", "species-too-large", "species-too-small", "cell-shape", "pbc-length"],
 )
 def test_input_errors(change, message):
     system = triclinic_ar_ne()
-    args = dict(positions=system.positions, cell=system.cell, pbc=system.pbc, species=system.species) | change
+    args = {
+        "positions": system.positions,
+        "cell": system.cell,
+        "pbc": system.pbc,
+        "species": system.species,
+    } | change
     with pytest.raises(ValueError, match=re.escape(message)):
         evaluate_reference(lennard_jones(system), **args)
 
@@ -171,4 +196,6 @@ def test_positions_shape_error():
     with pytest.raises(ValueError, match=re.escape(message)):
         neighbor_pairs(np.zeros((4, 2)), np.eye(3), (True,) * 3, 2.0)
     with pytest.raises(ValueError, match=re.escape(message)):
-        evaluate_reference(lennard_jones(fcc_argon()), np.zeros((4, 2)), np.eye(3), (True,) * 3, np.zeros(4))
+        evaluate_reference(
+            lennard_jones(fcc_argon()), np.zeros((4, 2)), np.eye(3), (True,) * 3, np.zeros(4)
+        )

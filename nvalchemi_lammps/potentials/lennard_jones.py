@@ -127,7 +127,9 @@ class LennardJones(Potential):
         r2inv = 1.0 / rsq
         r6inv = r2inv * r2inv * r2inv
         pair_energy = r6inv * (self.lj3[si, sj] * r6inv - self.lj4[si, sj]) - self.offset[si, sj]
-        pair_energy = torch.where(rsq < self.cutsq[si, sj], pair_energy, 0.0)
+        # pairs with an atom of a NULL type (species -1) carry no energy
+        inside = (rsq < self.cutsq[si, sj]) & (si >= 0) & (sj >= 0)
+        pair_energy = torch.where(inside, pair_energy, 0.0)
         # Each directed pair carries half the pair energy to its receiver.
         energies = torch.zeros(graph.ntotal, dtype=graph.rij.dtype, device=graph.rij.device)
         return energies.index_add(0, graph.pair_i, 0.5 * pair_energy)
