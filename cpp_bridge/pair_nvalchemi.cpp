@@ -186,16 +186,21 @@ void PairNvalchemi::compute(int eflag, int vflag)
 }
 
 /* ----------------------------------------------------------------------
-   global settings: pair_style nvalchemi <model file>
+   global settings: pair_style nvalchemi <model file> [device D] [strategy S]
 ------------------------------------------------------------------------- */
 
 void PairNvalchemi::settings(int narg, char **arg)
 {
   if (narg < 1) utils::missing_cmd_args(FLERR, "pair_style nvalchemi", error);
   std::string strategy = "auto";
+  std::string device = "cpu";
   int iarg = 1;
   while (iarg < narg) {
-    if (strcmp(arg[iarg], "strategy") == 0) {
+    if (strcmp(arg[iarg], "device") == 0) {
+      if (iarg + 2 > narg) utils::missing_cmd_args(FLERR, "pair_style nvalchemi device", error);
+      device = arg[iarg + 1];
+      iarg += 2;
+    } else if (strcmp(arg[iarg], "strategy") == 0) {
       if (iarg + 2 > narg) utils::missing_cmd_args(FLERR, "pair_style nvalchemi strategy", error);
       strategy = arg[iarg + 1];
       if (strategy != "exchange" && strategy != "shell" && strategy != "auto")
@@ -210,10 +215,17 @@ void PairNvalchemi::settings(int narg, char **arg)
   delete session;
   session = nullptr;
 
+  // rank within the node, for one GPU per rank under any launcher
+  MPI_Comm node;
+  int local_rank = 0;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, comm->me, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_free(&node);
+
   const std::string model_path = arg[0];
   std::string message;
   try {
-    session = new PythonSession(model_path, comm->nthreads);
+    session = new PythonSession(model_path, comm->nthreads, device, local_rank);
   } catch (std::exception &err) {
     message = err.what();
   }

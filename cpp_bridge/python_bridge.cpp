@@ -233,15 +233,16 @@ PyObject *collectives_type()
 
 /* ---------------------------------------------------------------------- */
 
-PythonSession::PythonSession(const std::string &model_path, int num_threads) :
+PythonSession::PythonSession(const std::string &model_path, int num_threads,
+                             const std::string &device, int local_rank) :
     session_(nullptr), cutoff_(0.0), layers_(1), uses_exchange_(false)
 {
   start_python();
   GilLock gil;
   PyRef module(PyImport_ImportModule(FRONTEND_MODULE));
   if (!module) raise_python_error("cannot import nvalchemi_lammps: ");
-  PyRef session(PyObject_CallMethod(module.get(), "open_session", "si", model_path.c_str(),
-                                    num_threads));
+  PyRef session(PyObject_CallMethod(module.get(), "open_session", "sisi", model_path.c_str(),
+                                    num_threads, device.c_str(), local_rank));
   if (!session) raise_python_error("");
 
   PyRef layers(PyObject_GetAttrString(session.get(), "layers"));

@@ -37,7 +37,9 @@ class Collectives {
 // One model loaded into the embedded interpreter (nvalchemi_lammps.frontends.plugin).
 class PythonSession {
  public:
-  PythonSession(const std::string &model_path, int num_threads);
+  // device: "cpu", "cuda" (GPU local_rank modulo the node's GPUs) or "cuda:N"
+  PythonSession(const std::string &model_path, int num_threads, const std::string &device,
+                int local_rank);
   ~PythonSession();
   PythonSession(const PythonSession &) = delete;
   PythonSession &operator=(const PythonSession &) = delete;

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from nvalchemi_lammps import LennardJones, evaluate, load_model
-from nvalchemi_lammps.cli import main
 from nvalchemi_lammps.cli import demo as demo_cli
 from nvalchemi_lammps.cli import export as export_cli
+from nvalchemi_lammps.cli import main
 from nvalchemi_lammps.cli.demo import StyleRun, compare, lammps_input, thermo_blocks
 from nvalchemi_lammps.cli.export import potential_from_config
 from nvalchemi_lammps.potentials import potential_class
@@ -31,11 +31,14 @@ def _cluster_energies(potential, count: int = 6) -> tuple[torch.Tensor, torch.Te
     gen = torch.Generator().manual_seed(7)
     n = len(potential.spec.elements)
     species = torch.arange(count) % n
-    x = 3.0 * torch.rand(count, 3, generator=gen, dtype=torch.float64) + torch.arange(
-        count, dtype=torch.float64
-    )[:, None]
-    i, j = (t.reshape(-1) for t in torch.meshgrid(torch.arange(count), torch.arange(count),
-                                                   indexing="ij"))
+    x = (
+        3.0 * torch.rand(count, 3, generator=gen, dtype=torch.float64)
+        + torch.arange(count, dtype=torch.float64)[:, None]
+    )
+    i, j = (
+        t.reshape(-1)
+        for t in torch.meshgrid(torch.arange(count), torch.arange(count), indexing="ij")
+    )
     keep = i != j
     result = evaluate(potential, count, species, i[keep], j[keep], x[j[keep]] - x[i[keep]])
     return result.atom_energies, result.pair_forces
@@ -101,9 +104,7 @@ def test_default_config_matches_the_lj_cut_input():
 def test_export_refuses_another_suffix(tmp_path, capsys):
     out = tmp_path / "argon.model"
     assert main(["export", "--default", "-o", str(out)]) == 2
-    assert capsys.readouterr().out.strip() == (
-        f"error: the model file must end in .pt, got {out}"
-    )
+    assert capsys.readouterr().out.strip() == (f"error: the model file must end in .pt, got {out}")
     assert not out.exists()
 
 
@@ -115,14 +116,19 @@ def _unknown_potential_message(name: str) -> str:
     return str(exc.value)
 
 
+_LJ_HEAD = 'potential = "lennard_jones"\nelements = ["Ar"]\ncutoff = 8.5\n'
+_LJ_TABLES = "[epsilon]\nAr = 0.01\n[sigma]\nAr = 3.4\n"
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         (
-            'potential = "lennard_jones"\nelements = ["Ar"]\ncutoff = 8.5\nfoo = 1\n'
-            "[epsilon]\nAr = 0.01\n[sigma]\nAr = 3.4\n",
-            "unknown key(s) foo for potential lennard_jones (allowed: potential, elements, "
-            "epsilon, sigma, cutoff, pairs, mixing, shift, units, dtype)",
+            _LJ_HEAD + "foo = 1\n" + _LJ_TABLES,
+            (
+                "unknown key(s) foo for potential lennard_jones (allowed: potential, elements, "
+                "epsilon, sigma, cutoff, pairs, mixing, shift, units, dtype)"
+            ),
         ),
         (
             'potential = "lennard_jones"\nelements = ["Ar"]\n[epsilon]\nAr = 0.01\n',
@@ -131,8 +137,7 @@ def _unknown_potential_message(name: str) -> str:
         ('elements = ["Ar"]\n', 'the configuration needs a top-level key potential = "<name>"'),
         ('potential = "morse"\n', _unknown_potential_message("morse")),
         (
-            'potential = "lennard_jones"\nelements = ["Ar"]\ncutoff = 8.5\nmixing = "magic"\n'
-            "[epsilon]\nAr = 0.01\n[sigma]\nAr = 3.4\n",
+            _LJ_HEAD + 'mixing = "magic"\n' + _LJ_TABLES,
             "mixing must be one of geometric, arithmetic, sixthpower; got 'magic'",
         ),
     ],
@@ -176,11 +181,20 @@ def test_potential_from_config_is_what_export_writes(tmp_path, capsys):
 
 
 def _style_run(style: str, pe: float, forces: np.ndarray, ids: np.ndarray) -> StyleRun:
-    results = dict(
-        atoms=float(len(ids)), step0_pe=pe, step0_press=100.0, nvt_steps=10.0, nve_steps=10.0,
-        dt=0.002, nve_start_etotal=-1.0, final_pe=-2.0, final_ke=1.0, final_etotal=-1.0,
-        final_press=10.0, final_temp=50.0,
-    )
+    results = {
+        "atoms": float(len(ids)),
+        "step0_pe": pe,
+        "step0_press": 100.0,
+        "nvt_steps": 10.0,
+        "nve_steps": 10.0,
+        "dt": 0.002,
+        "nve_start_etotal": -1.0,
+        "final_pe": -2.0,
+        "final_ke": 1.0,
+        "final_etotal": -1.0,
+        "final_press": 10.0,
+        "final_temp": 50.0,
+    }
     dump = {"id": ids, "fx": forces[:, 0], "fy": forces[:, 1], "fz": forces[:, 2]}
     return StyleRun(style, Path("."), results, dump, [], 1.0)
 
@@ -206,7 +220,7 @@ def test_demo_comparison_passes_identical_runs_and_fails_different_ones():
 
 
 def test_thermo_blocks_keep_headers_rows_and_loop_times():
-    output = "\n".join([
+    lines = [
         "Setting up Verlet run ...",
         "   Step          Temp          PotEng   ",
         "         0   0             -169.10835  ",
@@ -214,8 +228,8 @@ def test_thermo_blocks_keep_headers_rows_and_loop_times():
         "Loop time of 1.2 on 2 procs for 50 steps with 2048 atoms",
         "",
         "MPI task timing breakdown:",
-    ])
-    assert thermo_blocks(output) == output.splitlines()[1:5]
+    ]
+    assert thermo_blocks("\n".join(lines)) == lines[1:5]
 
 
 def test_demo_rejects_nonpositive_sizes(capsys):
@@ -239,8 +253,9 @@ def test_info_reports_a_working_pair_style(capsys):
 
 @pytest.mark.lammps
 def test_demo_passes_on_two_ranks(tmp_path, capsys):
-    code = main(["demo", "--ranks", "2", "--atoms", "256", "--steps", "20",
-                 "--workdir", str(tmp_path)])
+    code = main(
+        ["demo", "--ranks", "2", "--atoms", "256", "--steps", "20", "--workdir", str(tmp_path)]
+    )
     text = capsys.readouterr().out
     assert code == 0, text
     assert "PASS: step-0 relative differences" in text

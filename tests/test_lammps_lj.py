@@ -57,6 +57,8 @@ class System:
     :param read_data: extra ``read_data`` keywords
     :param processors: ``processors`` grid (``{nprocs}`` is filled in)
     :param units: LAMMPS unit style
+    :param plugin: commands that switch to the plugin (``{model}`` is filled in); by
+        default ``pair_style nvalchemi`` and ``pair_coeff * *`` with ``elements``
     """
 
     id: str
@@ -67,6 +69,12 @@ class System:
     read_data: str = ""
     processors: str = ""
     units: str = "metal"
+    plugin: str = ""
+
+    def plugin_commands(self, model: Path) -> str:
+        if self.plugin:
+            return textwrap.dedent(self.plugin).format(model=model)
+        return f"pair_style nvalchemi {model}\npair_coeff * * {self.elements}\n"
 
 
 ARGON_LJ_CUT = f"""
@@ -171,21 +179,20 @@ SYSTEMS = [
         setup=NEON_TYPE_2,
         read_data="extra/atom/types 1",
     ),
-    # Type 2 is left out of the model (NULL); lj/cut gives it epsilon 0: no energy, no force.
+    # NULL: the model handles Ar-Ar only; lj/cut, the other half of a hybrid, does the rest.
     System(
-        "null_type",
+        "null_type_hybrid",
         "argon",
         "Ar NULL",
-        f"""
-        pair_style lj/cut {CUTOFF}
-        pair_coeff 1 1 {AR_EPSILON} {AR_SIGMA}
-        pair_coeff 1*2 2 0.0 {AR_SIGMA}
-        """,
-        setup=f"""
-        mass 2 {AR_MASS}
-        set type 1 type/fraction 2 0.3 8675309
-        """,
+        ARGON_NEON_LJ_CUT,
+        setup=NEON_TYPE_2,
         read_data="extra/atom/types 1",
+        plugin=f"""
+        pair_style hybrid nvalchemi {{model}} lj/cut {CUTOFF}
+        pair_coeff * * nvalchemi Ar NULL
+        pair_coeff 2 2 lj/cut {NE_EPSILON} {NE_SIGMA} {NE_NE_CUTOFF}
+        pair_coeff 1 2 lj/cut {AR_NE_EPSILON} {AR_NE_SIGMA} {AR_NE_CUTOFF}
+        """,
     ),
 ]
 
@@ -225,7 +232,7 @@ def comparison_script(system: System, data: Path, model: Path, nprocs: int) -> s
             dump_commands("reference", "reference.dump", PER_ATOM_COLUMNS),
             "run 0\nundump reference\n",
             print_results("REFERENCE", GLOBAL_EXPRESSIONS),
-            f"pair_style nvalchemi {model}\npair_coeff * * {system.elements}\n",
+            system.plugin_commands(model),
             dump_commands("plugin", "plugin.dump", PER_ATOM_COLUMNS),
             "run 0\nundump plugin\n",
             print_results("PLUGIN", GLOBAL_EXPRESSIONS),

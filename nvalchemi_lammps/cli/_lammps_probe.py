@@ -55,8 +55,12 @@ def _smoke_test(lmp: Any, model: str) -> dict[str, Any]:
     f = lmp.numpy.extract_atom("f")
     ids = lmp.numpy.extract_atom("id")
     first = int((ids == 1).nonzero()[0][0])
-    return {"distance": SMOKE_DISTANCE, "energy": float(energy),
-            "force_x_on_1": float(f[first][0]), "x1": float(x[first][0])}
+    return {
+        "distance": SMOKE_DISTANCE,
+        "energy": float(energy),
+        "force_x_on_1": float(f[first][0]),
+        "x1": float(x[first][0]),
+    }
 
 
 def probe(model: str | None) -> dict[str, Any]:

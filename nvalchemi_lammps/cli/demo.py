@@ -110,9 +110,7 @@ def compare(runs: list[StyleRun]) -> tuple[list[str], bool]:
 
     def row(label: str, x: float, y: float) -> float:
         rel = _relative(x, y)
-        lines.append(
-            f"{label:34}{x:>{width}.15g}{y:>{width}.15g}{abs(x - y):>11.2e}{rel:>10.2e}"
-        )
+        lines.append(f"{label:34}{x:>{width}.15g}{y:>{width}.15g}{abs(x - y):>11.2e}{rel:>10.2e}")
         return rel
 
     lines.append(f"step 0 ({natoms} atoms, displaced fcc)")
@@ -165,19 +163,27 @@ def compare(runs: list[StyleRun]) -> tuple[list[str], bool]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", type=int, default=2, help="MPI ranks (default 2)")
     parser.add_argument(
-        "--atoms", type=int, default=2048,
+        "--atoms",
+        type=int,
+        default=2048,
         help="about this many atoms, rounded to 4 n^3 (default 2048: 8x8x8 fcc cells)",
     )
     parser.add_argument(
-        "--steps", type=int, default=200,
+        "--steps",
+        type=int,
+        default=200,
         help="NVT steps, and as many NVE steps after them (default 200, 2 fs each)",
     )
     parser.add_argument(
-        "--workdir", type=Path, default=None,
+        "--workdir",
+        type=Path,
+        default=None,
         help="keep model, inputs, logs and dumps here (default: a temporary folder)",
     )
     parser.add_argument(
-        "--reference", action=argparse.BooleanOptionalAction, default=True,
+        "--reference",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="also run LAMMPS's own pair_style lj/cut and compare (default: yes)",
     )
 
@@ -200,18 +206,25 @@ def _demo(args: argparse.Namespace, workdir: Path) -> int:
         f"nvalchemi-lammps demo: {natoms} argon atoms (fcc {cells}x{cells}x{cells}), "
         f"{args.ranks} MPI rank(s), {args.steps} NVT + {args.steps} NVE steps"
     )
-    print(f"model {workdir / MODEL}: {potential.name}, cutoff {potential.spec.cutoff:g} A, "
-          f"units {potential.spec.units}")
+    print(
+        f"model {workdir / MODEL}: {potential.name}, cutoff {potential.spec.cutoff:g} A, "
+        f"units {potential.spec.units}"
+    )
     print(f"input {script_path}; runs in {workdir}")
     variables = {
-        "model": f"../{MODEL}", "cells": cells, "nvt_steps": args.steps, "nve_steps": args.steps,
+        "model": f"../{MODEL}",
+        "cells": cells,
+        "nvt_steps": args.steps,
+        "nve_steps": args.steps,
     }
     runs = []
     for style in STYLES if args.reference else ["nvalchemi"]:
         folder = workdir / style.replace("/", "_")
-        print(f"\n=== {STYLES[style]}: mpirun -np {args.ranks} lmp -in {INPUT} "
-              + " ".join(f"-var {k} {v}" for k, v in {"pair": style, **variables}.items())
-              + f"   (in {folder})")
+        print(
+            f"\n=== {STYLES[style]}: mpirun -np {args.ranks} lmp -in {INPUT} "
+            + " ".join(f"-var {k} {v}" for k, v in {"pair": style, **variables}.items())
+            + f"   (in {folder})"
+        )
         result = run_style(script_path.read_text(), style, folder, args.ranks, variables)
         if isinstance(result, str):
             print(result)
@@ -241,7 +254,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="nvalchemi-lammps demo", description=__doc__,
+        prog="nvalchemi-lammps demo",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(parser)

@@ -1,8 +1,9 @@
-"""Write a model file for ``pair_style nvalchemi`` from a TOML configuration.
+"""Write a model file for pair_style nvalchemi from a TOML configuration.
 
-The configuration names the potential with a top-level ``potential = "..."`` key; every
-other key is an argument of that potential's constructor (for ``lennard_jones`` see
-:class:`nvalchemi_lammps.LennardJones`). ``--default`` writes the built-in argon model.
+The configuration names the potential with a top-level key, potential = "lennard_jones";
+every other key is an argument of that potential (for lennard_jones: elements, [epsilon]
+and [sigma] per element, cutoff, [[pairs]], mixing, shift, units, dtype; see
+nvalchemi_lammps.LennardJones). --default writes the built-in argon model.
 """
 
 from __future__ import annotations
@@ -66,9 +67,7 @@ def potential_from_config(config: dict[str, Any]) -> Potential:
             f"unknown key(s) {', '.join(unknown)} for potential {name} "
             f"(allowed: potential, {', '.join(allowed)})"
         )
-    required = [
-        p for p in allowed if parameters[p].default is inspect.Parameter.empty
-    ]
+    required = [p for p in allowed if parameters[p].default is inspect.Parameter.empty]
     missing = [p for p in required if p not in config]
     if missing:
         raise ValueError(f"potential {name} needs key(s) {', '.join(missing)}")
@@ -105,27 +104,38 @@ def check_model_file(potential: Potential, path: Path) -> None:
     pair_i, pair_j, rij = i.reshape(-1)[keep], j.reshape(-1)[keep], rij[keep]
     a = evaluate(potential, count, species, pair_i, pair_j, rij)
     b = evaluate(reloaded, count, species, pair_i, pair_j, rij)
-    if not (torch.equal(a.atom_energies, b.atom_energies)
-            and torch.equal(a.pair_forces, b.pair_forces)):
+    if not (
+        torch.equal(a.atom_energies, b.atom_energies) and torch.equal(a.pair_forces, b.pair_forces)
+    ):
         raise ValueError(f"{path}: the reloaded model gives other energies or forces")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
-        "config", type=Path, nargs="?", metavar="CONFIG.toml",
-        help="TOML configuration: potential = \"<name>\" plus its arguments",
+        "config",
+        type=Path,
+        nargs="?",
+        metavar="CONFIG.toml",
+        help='TOML configuration: potential = "<name>" plus its arguments',
     )
     source.add_argument(
-        "--default", action="store_true",
+        "--default",
+        action="store_true",
         help="the built-in argon model (epsilon 0.0104 eV, sigma 3.40 A, cutoff 8.5 A, metal)",
     )
     parser.add_argument(
-        "-o", "--output", type=Path, required=True, metavar="MODEL.pt",
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        metavar="MODEL.pt",
         help=f"model file to write (suffix {MODEL_SUFFIX})",
     )
     parser.add_argument(
-        "--check", action=argparse.BooleanOptionalAction, default=True,
+        "--check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="load the written file back and compare it with the configured potential",
     )
 
@@ -164,7 +174,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nvalchemi-lammps export", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="nvalchemi-lammps export",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(parser)
     return parser
 

@@ -24,7 +24,7 @@ from typing import Any
 HELP = "report LAMMPS, MPI, torch and whether pair_style nvalchemi works"
 #: Seconds the LAMMPS probe may take (it imports torch and runs a two-atom model).
 PROBE_TIMEOUT = 300.0
-_MONTHS = "Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split()
+_MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
 
 
 def _dist_version(name: str) -> str:
@@ -56,7 +56,9 @@ def _mpi_report() -> tuple[str, str]:
         if not Path(query[0]).exists():
             continue
         try:
-            out = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout
+            out = subprocess.run(
+                query, capture_output=True, text=True, timeout=30, check=False
+            ).stdout
         except (OSError, subprocess.TimeoutExpired):
             continue
         lines = [line.strip() for line in out.splitlines() if line.strip()]
@@ -75,7 +77,9 @@ def _probe_lammps(model: Path | None) -> dict[str, Any]:
         if model is not None:
             cmd.append(str(model))
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PROBE_TIMEOUT)
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=PROBE_TIMEOUT, check=False
+            )
         except subprocess.TimeoutExpired:
             return {"error": f"the LAMMPS probe took longer than {PROBE_TIMEOUT:g} s"}
         if not out.exists():
@@ -160,8 +164,11 @@ def report(lammps: dict[str, Any]) -> tuple[list[str], bool]:
     if lammps["mliap_style"] and lammps["python_package"]:
         mliap = "available (ML-IAP with the PYTHON package)"
     else:
-        lacks = [p for p, key in (("ML-IAP", "mliap_package"), ("PYTHON", "python_package"))
-                 if not lammps[key]]
+        lacks = [
+            p
+            for p, key in (("ML-IAP", "mliap_package"), ("PYTHON", "python_package"))
+            if not lammps[key]
+        ]
         mliap = f"not available: this LAMMPS lacks the {' and '.join(lacks)} package"
     lines.append(f"pair_style mliap unified  {mliap}")
     return lines, works
@@ -169,7 +176,9 @@ def report(lammps: dict[str, Any]) -> tuple[list[str], bool]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--check", action=argparse.BooleanOptionalAction, default=True,
+        "--check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="run two atoms through pair_style nvalchemi with the built-in argon model",
     )
 
@@ -191,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="nvalchemi-lammps info", description=__doc__,
+        prog="nvalchemi-lammps info",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(parser)

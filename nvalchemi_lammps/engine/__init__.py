@@ -1,5 +1,5 @@
 """The engine: the one place where a front door's arrays meet a potential."""
 
-from ._evaluate import Evaluation, evaluate
+from ._evaluate import Evaluation, evaluate, potential_device
 
-__all__ = ["Evaluation", "evaluate"]
+__all__ = ["Evaluation", "evaluate", "potential_device"]

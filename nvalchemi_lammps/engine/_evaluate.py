@@ -13,14 +13,25 @@ class Evaluation:
     """What goes back to LAMMPS for one rank and one step.
 
     :param energy: sum of ``atom_energies`` (this rank's share of the potential energy)
-    :param atom_energies: ``(nlocal,)`` float64 energies of the owned atoms
-    :param pair_forces: ``(npairs, 3)`` float64 ``fij = +dE/drij``; the front door applies
+    :param atom_energies: ``(nlocal,)`` float64 energies of the owned atoms, on the
+        potential's device
+    :param pair_forces: ``(npairs, 3)`` float64 ``fij = +dE/drij``, on the potential's
+        device; the front door applies
         ``f[i] += fij`` and ``f[j] -= fij``
     """
 
     energy: float
     atom_energies: torch.Tensor
     pair_forces: torch.Tensor
+
+
+def potential_device(potential: Potential) -> torch.device:
+    """Where the potential's weights live (the CPU for one without any)."""
+    for tensor in potential.parameters():
+        return tensor.device
+    for tensor in potential.buffers():
+        return tensor.device
+    return torch.device("cpu")
 
 
 def evaluate(
@@ -48,12 +59,13 @@ def evaluate(
             "(NaN or infinite positions)"
         )
     dtype = potential.spec.torch_dtype
-    leaf = rij.detach().requires_grad_(True)
+    device = potential_device(potential)
+    leaf = rij.detach().to(device, non_blocking=True).requires_grad_(True)
     graph = LocalGraph(
         nlocal=nlocal,
-        species=species,
-        pair_i=pair_i,
-        pair_j=pair_j,
+        species=species.to(device, non_blocking=True),
+        pair_i=pair_i.to(device, non_blocking=True),
+        pair_j=pair_j.to(device, non_blocking=True),
         rij=leaf.to(dtype),
         comm=comm or NoOpComm(),
     )

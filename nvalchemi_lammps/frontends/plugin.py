@@ -24,8 +24,11 @@ def _tensor(buffer: memoryview, dtype: torch.dtype, *shape: int) -> torch.Tensor
 class PluginSession:
     """One loaded model inside one LAMMPS pair style instance on one rank."""
 
-    def __init__(self, path: str, num_threads: int) -> None:
-        self.potential = load_model(path)
+    def __init__(
+        self, path: str, num_threads: int, device: str = "cpu", local_rank: int = 0
+    ) -> None:
+        self.device = _select_device(device, local_rank)
+        self.potential = load_model(path).to(self.device)
         spec = self.potential.spec
         self.cutoff = float(spec.cutoff)
         self.units = spec.units
@@ -42,7 +45,7 @@ class PluginSession:
         spec = self.potential.spec
         return (
             f"{self.potential.name} model: elements {' '.join(spec.elements)}, "
-            f"cutoff {spec.cutoff:g}, units {spec.units}, {spec.dtype}"
+            f"cutoff {spec.cutoff:g}, units {spec.units}, {spec.dtype}, on {self.device}"
         )
 
     def set_strategy(self, strategy: str) -> None:
@@ -94,5 +97,23 @@ class PluginSession:
         return result.energy
 
 
-def open_session(path: str, num_threads: int) -> PluginSession:
-    return PluginSession(path, num_threads)
+def _select_device(device: str, local_rank: int) -> torch.device:
+    """``cpu``, ``cuda`` (one GPU per rank: node-local rank modulo the visible GPUs, which
+    works under mpirun and srun alike), or an explicit ``cuda:N``."""
+    if device == "cpu":
+        return torch.device("cpu")
+    if not device.startswith("cuda"):
+        raise ValueError(f"device must be cpu, cuda or cuda:N; got '{device}'")
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"device {device} requested but torch {torch.__version__} sees no CUDA device"
+        )
+    if device == "cuda":
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device(device)
+
+
+def open_session(
+    path: str, num_threads: int, device: str = "cpu", local_rank: int = 0
+) -> PluginSession:
+    return PluginSession(path, num_threads, device, local_rank)
