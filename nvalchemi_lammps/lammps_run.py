@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,7 +114,8 @@ def _kill_run(proc: subprocess.Popen, marker: str) -> None:
     ``os.killpg`` on the session ``start_new_session`` gives is not enough: MPICH's hydra
     puts its proxy and each rank in a session of their own, and once ``mpirun`` dies they
     are re-parented to init, out of reach of a walk down the process tree. Processes are
-    stopped first, then killed, so none can start a child in between.
+    stopped first, then killed, so none can start a child in between; this returns once
+    they are dead (at most a few seconds later).
     """
     stopped: set[int] = set()
     while True:
@@ -125,6 +127,18 @@ def _kill_run(proc: subprocess.Popen, marker: str) -> None:
         stopped |= found
     for pid in stopped:
         _signal(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10.0
+    while any(_alive(pid) for pid in stopped) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    """Not yet dead: exists and is no zombie (a dying process still holds its memory)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def _processes_with(marker: str) -> set[int]:
@@ -174,3 +188,47 @@ def read_results(output: str, tag: str = "RESULT") -> dict[str, float]:
             for name, value in zip(fields[1::2], fields[2::2]):
                 values[name] = float(value)
     return values
+
+
+def write_lammps_data(
+    path: str | os.PathLike,
+    positions: np.ndarray,
+    cell: np.ndarray,
+    types: np.ndarray,
+    masses: list[float],
+) -> Path:
+    """A ``read_data`` file (atom_style atomic) with atom IDs 1..N in the given order.
+
+    Atom IDs from ``create_atoms`` depend on the number of ranks; runs compared by atom ID
+    read one such file instead.
+
+    :param positions: ``(N, 3)`` Cartesian positions
+    :param cell: ``(3, 3)`` lattice vectors as rows, in LAMMPS's restricted form
+        ``a = (lx, 0, 0)``, ``b = (xy, ly, 0)``, ``c = (xz, yz, lz)``; the box origin is 0
+    :param types: ``(N,)`` LAMMPS atom types (1-based)
+    :param masses: mass of each atom type
+    """
+    cell = np.asarray(cell, dtype=np.float64)
+    if abs(cell[0, 1]) + abs(cell[0, 2]) + abs(cell[1, 2]) > 0.0:
+        raise ValueError("cell must be lower triangular: a along x, b in the xy plane")
+    (lx, _, _), (xy, ly, _), (xz, yz, lz) = (map(float, row) for row in cell)
+    lines = [
+        "LAMMPS data file written by nvalchemi-lammps",
+        "",
+        f"{len(positions)} atoms",
+        f"{len(masses)} atom types",
+        "",
+        f"0.0 {lx!r} xlo xhi",
+        f"0.0 {ly!r} ylo yhi",
+        f"0.0 {lz!r} zlo zhi",
+    ]
+    if xy or xz or yz:
+        lines.append(f"{xy!r} {xz!r} {yz!r} xy xz yz")
+    lines += ["", "Masses", ""] + [f"{k + 1} {float(m)!r}" for k, m in enumerate(masses)]
+    lines += ["", "Atoms # atomic", ""]
+    for k, (t, xyz) in enumerate(zip(types, np.asarray(positions, dtype=np.float64))):
+        x, y, z = (float(v) for v in xyz)
+        lines.append(f"{k + 1} {int(t)} {x!r} {y!r} {z!r}")
+    path = Path(path)
+    path.write_text("\n".join(lines) + "\n")
+    return path

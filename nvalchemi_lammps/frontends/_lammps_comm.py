@@ -9,6 +9,7 @@ host copy (one device-to-host and one host-to-device copy per exchange).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -17,7 +18,9 @@ from ..contract import Comm
 
 
 def _exchanged(operation: Any, src: torch.Tensor) -> torch.Tensor:
-    rows = src.detach().reshape(src.shape[0], -1)
+    # the width from the shape, not reshape(-1): a rank without atoms has zero rows
+    width = math.prod(src.shape[1:])
+    rows = src.detach().reshape(src.shape[0], width)
     rows = rows.to(device="cpu", dtype=torch.float64, copy=True).contiguous()
     operation(memoryview(rows.numpy()), int(rows.shape[1]))
     return rows.to(device=src.device, dtype=src.dtype).reshape(src.shape)
