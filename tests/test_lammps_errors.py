@@ -1,0 +1,158 @@
+"""Bad input: every case ends as a clear LAMMPS error on 1 and 2 ranks, never as a hang.
+
+Each run must exit with a non-zero status well before its timeout, and its output must
+carry the specific message (pinned fragments, so a vaguer message fails the test).
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from nvalchemi_lammps import FORMAT_VERSION
+from nvalchemi_lammps._model_file import FORMAT
+from nvalchemi_lammps.lammps_run import run_lammps
+
+pytestmark = pytest.mark.lammps
+
+#: A run that fails must fail quickly; one that needs this long is hanging.
+TIMEOUT = 120
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """:param model: model file: a key of the ``models`` fixture or of :func:`bad_models`
+    :param messages: fragments the error output must contain"""
+
+    id: str
+    messages: tuple[str, ...]
+    model: str = "argon"
+    elements: str = "Ar"
+    units: str = "metal"
+    read_data: str = ""
+    before_box: str = ""
+    before_run: str = ""
+
+
+BAD_INPUTS = [
+    BadInput("unknown_element", ("element Xx not in model (Ar)",), elements="Xx"),
+    BadInput(
+        "unknown_element_of_two",
+        ("element Xe not in model (Ne, Ar)",),
+        model="argon_neon",
+        elements="Ar Xe",
+        read_data="extra/atom/types 1",
+    ),
+    BadInput("missing_model", ("cannot load model", "missing.pt", "not found"), model="missing"),
+    BadInput("corrupt_model", ("cannot load model", "cannot read model file"), model="corrupt"),
+    BadInput(
+        "unknown_format_version",
+        ("cannot load model", "format version 999", f"reads version {FORMAT_VERSION}"),
+        model="version_999",
+    ),
+    BadInput(
+        "not_a_model_file",
+        ("cannot load model", "is not an nvalchemi-lammps model file"),
+        model="other_format",
+    ),
+    BadInput("newton_off", ("requires newton pair on",), before_box="newton off"),
+    BadInput(
+        "wrong_number_of_elements",
+        ("needs 1 element names", "got 2"),
+        elements="Ar Ar",
+    ),
+    BadInput(
+        "units_mismatch",
+        ("the model is in units metal but the input uses units real",),
+        units="real",
+    ),
+    # LAMMPS itself stops a NaN position before any pair style sees it (Domain::remap);
+    # what matters here is that the run ends with a clear error on every rank.
+    BadInput(
+        "nan_position",
+        ("Non-numeric atom coords",),
+        before_run="""
+        variable nan atom 1e300*1e300-1e300*1e300
+        set atom 1 x v_nan
+        """,
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_models(tmp_path_factory) -> dict[str, str]:
+    workdir = tmp_path_factory.mktemp("bad_models")
+    corrupt = workdir / "corrupt.pt"
+    corrupt.write_bytes(np.random.default_rng(7).bytes(4096))
+    version_999 = workdir / "version_999.pt"
+    torch.save({"format": FORMAT, "format_version": 999}, version_999)
+    other_format = workdir / "other_format.pt"
+    torch.save({"weights": torch.zeros(3)}, other_format)
+    return {
+        "missing": str(workdir / "missing.pt"),
+        "corrupt": str(corrupt),
+        "version_999": str(version_999),
+        "other_format": str(other_format),
+    }
+
+
+@pytest.mark.parametrize("nprocs", [1, 2], ids=lambda n: f"np{n}")
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=lambda c: c.id)
+def test_bad_input_is_a_clear_error(case, nprocs, argon_data, models, bad_models, tmp_path):
+    model = {**models, **bad_models}[case.model]
+    script = "".join(
+        textwrap.dedent(block)
+        for block in (
+            f"""\
+            units {case.units}
+            atom_style atomic
+            """,
+            case.before_box + "\n",
+            f"""
+            read_data {argon_data} {case.read_data}
+            mass * 39.948
+            """,
+            f"""
+            pair_style nvalchemi {model}
+            pair_coeff * * {case.elements}
+            """,
+            case.before_run,
+            "\nrun 0\n",
+        )
+    )
+    run = run_lammps(script, nprocs, tmp_path, timeout=TIMEOUT)
+    assert run.returncode != -9, f"hung, killed after {TIMEOUT} s:\n{run.output[-3000:]}"
+    assert run.returncode != 0, f"LAMMPS accepted the bad input:\n{run.output[-3000:]}"
+    errors = "\n".join(line for line in run.output.splitlines() if "ERROR" in line)
+    missing = [m for m in case.messages if m not in errors]
+    assert not missing, f"error output lacks {missing}:\n{run.output[-3000:]}"
+
+
+def _processes_in(directory) -> list[int]:
+    """Processes whose working directory is ``directory`` (the ranks of a run there)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if Path(os.readlink(entry / "cwd")) == Path(directory):
+                    found.append(int(entry.name))
+            except OSError:  # gone, or not ours to look at
+                pass
+    return found
+
+
+def test_hung_run_is_killed_with_every_rank(tmp_path):
+    """A run past its timeout is reported as killed, and no rank of it is left running."""
+    start = time.monotonic()
+    run = run_lammps("shell sleep 300\n", 2, tmp_path, timeout=5)
+    assert run.returncode == -9
+    assert "killed after 5 s" in run.output
+    assert time.monotonic() - start < 60
+    assert _processes_in(tmp_path) == []

