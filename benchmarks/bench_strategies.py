@@ -1,0 +1,165 @@
+"""Ghost exchange against the widened ghost shell, through real LAMMPS runs.
+
+A message-passing model on an fcc crystal of about ``--atoms`` atoms runs for ``--steps``
+NVE steps on each rank count with ``strategy exchange`` (ghost shell of one cutoff, node
+features refreshed through LAMMPS's communication after every layer) and ``strategy
+shell`` (ghost shell of layers x cutoff, pairs between ghosts, no exchange). Reported per
+run: ms per step (LAMMPS's loop time; median over ``--repeats``), and for the exchange
+the time spent inside forward/reverse exchanges (slowest rank), as a share of the step.
+
+LAMMPS is driven from Python on every rank (``mpirun -np N python this.py --worker``), so
+the worker can time the exchanges in the same interpreter the plugin embeds.
+
+    python benchmarks/bench_strategies.py --model mace --atoms 1000 8000 32000 --ranks 1 2 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from nvalchemi_lammps.lammps_run import run_command, write_lammps_data
+
+FCC = np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.5]])
+LATTICE = {"mace": 4.3, "mpnn": 4.3}
+
+
+def crystal(atoms: int, lattice: float, path: Path) -> tuple[Path, int]:
+    cells = max(1, round((atoms / 4) ** (1 / 3)))
+    rng = np.random.default_rng(cells)
+    grid = np.stack(np.meshgrid(*[np.arange(cells)] * 3, indexing="ij"), -1).reshape(-1, 3)
+    frac = (grid[:, None, :] + FCC[None]).reshape(-1, 3) / cells
+    cell = np.eye(3) * cells * lattice
+    positions = frac @ cell + rng.normal(0.0, 0.08, size=frac.shape)
+    types = rng.integers(1, 3, size=len(frac))
+    return write_lammps_data(path, positions, cell, types, [39.948, 83.798]), len(frac)
+
+
+def make_model(kind: str, dtype: str, path: Path) -> Path:
+    from nvalchemi_lammps import MessagePassing, save_model
+
+    if kind == "mpnn":
+        potential = MessagePassing(["Ar", "Kr"], cutoff=5.0, layers=3, features=32, dtype=dtype)
+    else:
+        from nvalchemi_lammps.potentials.mace import Mace
+
+        potential = Mace.random(elements=("Ar", "Kr"), dtype=dtype)
+    return save_model(potential, path)
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One MPI rank: run LAMMPS in-process, time the exchanges, write rank<N>.json."""
+    import lammps
+
+    from nvalchemi_lammps.frontends import _lammps_comm
+
+    spent = [0.0]
+    exchanged = _lammps_comm._exchanged
+
+    def timed(operation, src):
+        start = time.perf_counter()
+        try:
+            return exchanged(operation, src)
+        finally:
+            spent[0] += time.perf_counter() - start
+
+    _lammps_comm._exchanged = timed
+    lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
+    lmp.commands_string(f"""
+        units metal
+        atom_style atomic
+        atom_modify map array
+        read_data {args.data}
+        pair_style nvalchemi {args.model_file} strategy {args.strategy} device {args.device}
+        pair_coeff * * Ar Kr
+        velocity all create 50 4928459 loop geom
+        fix nve all nve
+        timestep 0.001
+        run {args.warmup}
+    """)
+    spent[0] = 0.0
+    start = time.perf_counter()
+    lmp.command(f"run {args.steps}")
+    elapsed = time.perf_counter() - start
+    me = lmp.extract_setting("world_rank")
+    # one file per rank: ranks writing to one stdout interleave their lines
+    (args.data.parent / f"rank{me}.json").write_text(
+        json.dumps({"seconds": elapsed, "exchange": spent[0]})
+    )
+    lmp.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=("mace", "mpnn"), default="mace")
+    parser.add_argument("--dtype", default="float64")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--atoms", type=int, nargs="+", default=[1000, 8000, 32000])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--model-file", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--strategy", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+
+    mpirun = Path(sys.executable).parent / "mpirun"
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        model_file = make_model(args.model, args.dtype, tmp / "model.pt")
+        for atoms in args.atoms:
+            data, natoms = crystal(atoms, LATTICE[args.model], tmp / f"c{atoms}.data")
+            for ranks in args.ranks:
+                row = {"model": args.model, "atoms": natoms, "ranks": ranks}
+                for strategy in ("exchange", "shell"):
+                    steps, shares = [], []
+                    for _ in range(args.repeats):
+                        cmd = [str(mpirun), "-np", str(ranks), sys.executable, __file__,
+                               "--worker", "--data", str(data), "--model-file", str(model_file),
+                               "--strategy", strategy, "--device", args.device,
+                               "--steps", str(args.steps), "--warmup", str(args.warmup)]
+                        # liblammps needs the MPICH wheel's libmpi.so.12 (in <env>/lib)
+                        libdir = str(Path(sys.executable).parent.parent / "lib")
+                        ld_path = os.environ.get("LD_LIBRARY_PATH", "")
+                        env = {"OMP_NUM_THREADS": str(args.threads),
+                               "LD_LIBRARY_PATH": f"{libdir}:{ld_path}" if ld_path else libdir}
+                        run = run_command(cmd, tmp, timeout=3000, env=env)
+                        if run.returncode != 0:
+                            raise RuntimeError(run.output[-3000:])
+                        ranks_out = [json.loads((tmp / f"rank{r}.json").read_text())
+                                     for r in range(ranks)]
+                        seconds = max(r["seconds"] for r in ranks_out)
+                        steps.append(1e3 * seconds / args.steps)
+                        shares.append(max(r["exchange"] for r in ranks_out) / seconds)
+                    row[f"{strategy}_ms"] = statistics.median(steps)
+                    row[f"{strategy}_exchange_share"] = statistics.median(shares)
+                rows.append(row)
+                print(f"{args.model} {natoms:7d} atoms {ranks} ranks: exchange "
+                      f"{row['exchange_ms']:9.1f} ms/step ({100 * row['exchange_exchange_share']:.1f}% "
+                      f"in exchanges), shell {row['shell_ms']:9.1f} ms/step", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"bench_strategies_{args.model}.json").write_text(json.dumps(
+        {"args": {k: str(v) for k, v in vars(args).items()}, "cpus": os.cpu_count(),
+         "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
