@@ -30,6 +30,7 @@ _EXPORTS = {
     "Evaluation": ".engine",
     "evaluate": ".engine",
     "LennardJones": ".potentials",
+    "Mace": ".potentials",
     "MessagePassing": ".potentials",
     "Potential": ".potentials",
 }

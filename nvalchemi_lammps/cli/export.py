@@ -3,7 +3,9 @@
 The configuration names the potential with a top-level key, potential = "lennard_jones";
 every other key is an argument of that potential (for lennard_jones: elements, [epsilon]
 and [sigma] per element, cutoff, [[pairs]], mixing, shift, units, dtype; see
-nvalchemi_lammps.LennardJones). --default writes the built-in argon model.
+nvalchemi_lammps.LennardJones). potential = "mace" takes checkpoint (a mace-torch model
+file; it is unpickled, so only trusted files), dtype and head instead. --default writes the
+built-in argon model.
 """
 
 from __future__ import annotations
@@ -59,6 +61,11 @@ def potential_from_config(config: dict[str, Any]) -> Potential:
     if name is None:
         raise ValueError('the configuration needs a top-level key potential = "<name>"')
     cls = potential_class(name)
+    # a potential made from something other than its constructor's arguments (mace: a
+    # mace-torch checkpoint) reads its own keys
+    from_export_config = getattr(cls, "from_export_config", None)
+    if from_export_config is not None:
+        return from_export_config(config)
     parameters = inspect.signature(cls.__init__).parameters
     allowed = [p for p in parameters if p != "self"]
     unknown = sorted(set(config) - set(allowed))

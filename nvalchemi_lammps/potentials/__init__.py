@@ -3,6 +3,14 @@ per-atom energies. They know physics, not LAMMPS or MPI."""
 
 from ._base import Potential, potential_class, register_potential
 from .lennard_jones import LennardJones
+from .mace import Mace  # mace-torch itself is imported only when a MACE model is built
 from .message_passing import MessagePassing
 
-__all__ = ["LennardJones", "MessagePassing", "Potential", "potential_class", "register_potential"]
+__all__ = [
+    "LennardJones",
+    "Mace",
+    "MessagePassing",
+    "Potential",
+    "potential_class",
+    "register_potential",
+]

@@ -1,0 +1,592 @@
+"""MACE (mace-torch) on a LocalGraph, with ghost features exchanged between layers.
+
+The potential runs the blocks of a mace-torch ``MACE`` or ``ScaleShiftMACE`` itself, in the
+order of their own ``forward``: E0s, node embedding, spherical harmonics and radial
+embedding of the edges, then per layer an interaction block and a product basis block, then
+the readouts (and scale/shift). Between layers it calls ``graph.comm.forward_exchange`` on
+the node features, where mace-torch's LAMMPS ML-IAP path calls its ``LAMMPS_MP`` inside each
+interaction block (``InteractionBlock.handle_lammps``): after ``linear_up`` there, before the
+interaction here, which is the same thing for the owned atoms because ``linear_up`` acts on
+each atom on its own. The same code then serves a single process (``NoOpComm``), the exchange
+strategy (ghost rows refreshed from their owners) and the widened shell (the exchange is the
+identity and ghosts compute their own features).
+
+mace-torch is an optional dependency (``pip install 'nvalchemi-lammps[mace]'``), imported
+only when a MACE model is built. Only the e3nn code path is supported: models converted to
+cuEquivariance or OpenEquivariance must be converted back first (mace-torch's
+``mace_cueq_to_e3nn``).
+
+The model file holds the MACE hyperparameters as plain data (:meth:`Mace.config`) and the
+weights as tensors; loading it rebuilds the network from mace-torch's classes and never
+unpickles anything. A mace-torch checkpoint, by contrast, is a pickled Python object:
+:meth:`Mace.from_checkpoint` runs code from the file, so use it only on files you trust, and
+export them once to a model file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import io
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..contract import LocalGraph, ModelSpec
+from ._base import Potential, register_potential
+
+#: The mace-torch model classes whose forward this module reproduces.
+MODEL_CLASSES = ("MACE", "ScaleShiftMACE")
+#: Readout classes that take the arguments MACE's constructor passes to ``readout_cls``.
+READOUT_CLASSES = ("NonLinearReadoutBlock", "NonLinearBiasReadoutBlock")
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+#: Keys of :meth:`Mace.config`'s ``model`` entry: MACE's constructor arguments as plain data
+#: (irreps as strings, classes and the gate by name); ``class`` picks the model class.
+_COMMON_KEYS = (
+    "class", "r_max", "num_bessel", "num_polynomial_cutoff", "max_ell", "interaction_cls",
+    "interaction_cls_first", "num_interactions", "num_elements", "hidden_irreps",
+    "MLP_irreps", "atomic_energies", "avg_num_neighbors", "atomic_numbers", "correlation",
+    "gate", "pair_repulsion", "apply_cutoff", "use_reduced_cg", "use_so3",
+    "use_agnostic_product", "use_last_readout_only", "distance_transform", "edge_irreps",
+    "use_edge_irreps_first", "radial_MLP", "radial_type", "heads", "readout_cls",
+    "keep_last_layer_irreps",
+)
+_SCALE_SHIFT_KEYS = ("atomic_inter_scale", "atomic_inter_shift")
+
+_INSTALL_HINT = (
+    "the mace potential needs mace-torch: pip install 'nvalchemi-lammps[mace]' "
+    "(or pip install mace-torch)"
+)
+
+
+# --- importing mace-torch without its side effects -----------------------------------------
+
+
+@contextlib.contextmanager
+def _quiet_torchscript() -> Iterator[None]:
+    """e3nn builds its modules with ``torch.jit.script`` (and pickles them through
+    ``torch.jit.save``/``load``), which recent torch deprecates and which warns about e3nn's
+    annotations; those warnings say nothing about the model."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore",
+            message=r"`torch\.jit\.(script|save|load)` is deprecated",
+            category=DeprecationWarning,
+        )
+        warnings.filterwarnings(
+            "ignore",
+            message=r"The TorchScript type system doesn't support instance-level annotations",
+            category=UserWarning,
+        )
+        yield
+
+
+_MACE: Any = None
+
+
+def _mace() -> Any:
+    """``mace.modules``, imported once.
+
+    Three side effects of importing mace-torch 0.3 are undone or avoided here:
+
+    - ``mace/__init__.py`` sets ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` in the environment,
+      which would make every later ``torch.load`` without an explicit ``weights_only`` in
+      this process (and in any child process) unpickle arbitrary code: it is put back;
+    - e3nn loads its constants with ``torch.load``; they contain ``slice`` objects, allowed
+      here explicitly so that the load works without that environment variable;
+    - mace prints a line to stdout when cuEquivariance is missing (it always is on CPU, and
+      this module only uses e3nn): that line is dropped, anything else printed is kept.
+    """
+    global _MACE
+    if _MACE is not None:
+        return _MACE
+    key = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+    before = os.environ.get(key)
+    captured = io.StringIO()
+    try:
+        with _quiet_torchscript(), contextlib.redirect_stdout(captured):
+            with torch.serialization.safe_globals([slice]):
+                # e3nn loads its constants at import: before mace changes the environment
+                importlib.import_module("e3nn.o3")
+            import mace.modules
+            import mace.tools.scripts_utils  # extract_radial_MLP
+    except ImportError as err:
+        raise ImportError(f"{_INSTALL_HINT} ({err})") from err
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+        for line in captured.getvalue().splitlines():
+            if "Cuequivariance acceleration will be disabled" not in line:
+                print(line, file=sys.stdout)
+    _MACE = mace.modules
+    return _MACE
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """mace-torch creates its buffers in torch's default dtype."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+# --- MACE hyperparameters <-> plain data ----------------------------------------------------
+
+
+def _gate_name(module: Any, gates: dict[str, Any]) -> str:
+    """Name in ``mace.modules.gate_dict`` of the activation of a readout's non-linearity."""
+    acts = getattr(getattr(module, "non_linearity", None), "acts", None)
+    if not acts:
+        return "silu"  # no non-linear readout: the gate is never used
+    function = getattr(acts[0], "f", acts[0])
+    for name, gate in gates.items():
+        if gate is function:
+            return name
+    raise ValueError(
+        f"unsupported MACE readout activation {function!r} "
+        f"(supported: {', '.join(n for n in gates if n != 'None')})"
+    )
+
+
+def _correlation(product: Any) -> int:
+    contraction = product.symmetric_contractions.contractions[0]
+    return len(contraction.weights) + 1
+
+
+def _check_e3nn(model: Any) -> None:
+    for block in [*model.interactions, *model.products]:
+        for name in ("cueq_config", "oeq_config"):
+            config = getattr(block, name, None)
+            if config is not None and getattr(config, "enabled", False):
+                raise ValueError(
+                    f"this MACE model uses {name.split('_')[0]} kernels; only the e3nn code "
+                    "path is supported: convert it back with mace-torch's mace_cueq_to_e3nn"
+                )
+    for product in model.products:
+        if not type(product.symmetric_contractions).__module__.startswith("mace."):
+            raise ValueError(
+                "this MACE model uses cuEquivariance kernels; only the e3nn code path is "
+                "supported: convert it back with mace-torch's mace_cueq_to_e3nn"
+            )
+
+
+def model_config(model: torch.nn.Module) -> dict[str, Any]:
+    """The constructor arguments of a mace-torch ``MACE``/``ScaleShiftMACE`` as plain data.
+
+    :raises ValueError: a model class, block class or option this module cannot rebuild
+    """
+    mm = _mace()
+    from e3nn import o3
+
+    kind = type(model).__name__
+    if type(model) not in (mm.MACE, mm.ScaleShiftMACE):
+        raise ValueError(
+            f"unsupported MACE model class {kind} (supported: {', '.join(MODEL_CLASSES)})"
+        )
+    if hasattr(model, "joint_embedding") or hasattr(model, "embedding_readout"):
+        raise ValueError("MACE models with extra embeddings (embedding_specs) are not supported")
+    _check_e3nn(model)
+    interactions = {cls: name for name, cls in mm.interaction_classes.items()}
+    for block in model.interactions:
+        if type(block) not in interactions:
+            raise ValueError(
+                f"unsupported MACE interaction block {type(block).__name__} "
+                f"(supported: {', '.join(mm.interaction_classes)})"
+            )
+    readout = type(model.readouts[-1]).__name__
+    if readout not in READOUT_CLASSES:
+        # models with one interaction (or only linear readouts) never build readout_cls
+        readout = READOUT_CLASSES[0]
+    heads = list(getattr(model, "heads", None) or ["Default"])
+    num_interactions = int(model.num_interactions)
+    hidden_irreps = o3.Irreps(str(model.products[0].linear.irreps_out))
+    last_irreps = o3.Irreps(str(model.products[-1].linear.irreps_out))
+    mlp_irreps = o3.Irreps(str(getattr(model.readouts[-1], "hidden_irreps", "1x0e")))
+    mlp_scalars = max(1, mlp_irreps.count((0, 1)) // len(heads))
+    radial = model.radial_embedding
+    radial_types = {"BesselBasis": "bessel", "GaussianBasis": "gaussian",
+                    "ChebychevBasis": "chebyshev"}
+    transform = getattr(radial, "distance_transform", None)
+    transforms = {"AgnesiTransform": "Agnesi", "SoftTransform": "Soft"}
+    edge_irreps = getattr(model, "edge_irreps", None)
+    config: dict[str, Any] = {
+        "class": kind,
+        "r_max": float(model.r_max),
+        "num_bessel": int(radial.out_dim),
+        "num_polynomial_cutoff": int(radial.cutoff_fn.p),
+        "max_ell": int(model.spherical_harmonics._lmax),
+        "interaction_cls": interactions[type(model.interactions[-1])],
+        "interaction_cls_first": interactions[type(model.interactions[0])],
+        "num_interactions": num_interactions,
+        "num_elements": len(model.atomic_numbers),
+        "hidden_irreps": str(hidden_irreps),
+        "MLP_irreps": f"{mlp_scalars}x0e",
+        "atomic_energies": model.atomic_energies_fn.atomic_energies.tolist(),
+        "avg_num_neighbors": float(model.interactions[0].avg_num_neighbors),
+        "atomic_numbers": [int(z) for z in model.atomic_numbers],
+        "correlation": [_correlation(p) for p in model.products],
+        "gate": _gate_name(model.readouts[-1], mm.gate_dict),
+        "pair_repulsion": hasattr(model, "pair_repulsion_fn"),
+        "apply_cutoff": bool(getattr(model, "apply_cutoff", True)),
+        "use_reduced_cg": bool(getattr(model, "use_reduced_cg", False)),
+        "use_so3": bool(getattr(model, "use_so3", False)),
+        "use_agnostic_product": bool(getattr(model, "use_agnostic_product", False)),
+        "use_last_readout_only": bool(getattr(model, "use_last_readout_only", False)),
+        "distance_transform": transforms.get(type(transform).__name__, "None"),
+        "edge_irreps": None if edge_irreps is None else str(edge_irreps),
+        "use_edge_irreps_first": bool(getattr(model, "use_edge_irreps_first", False)),
+        "radial_MLP": [int(h) for h in _radial_mlp(model)],
+        "radial_type": radial_types.get(type(radial.bessel_fn).__name__, "bessel"),
+        "heads": heads,
+        "readout_cls": readout,
+        # the last product keeps the full hidden irreps only with this option
+        "keep_last_layer_irreps": (
+            num_interactions > 1
+            and last_irreps == hidden_irreps
+            and hidden_irreps != o3.Irreps(str(hidden_irreps[0]))
+        ),
+    }
+    if kind == "ScaleShiftMACE":
+        config["atomic_inter_scale"] = model.scale_shift.scale.tolist()
+        config["atomic_inter_shift"] = model.scale_shift.shift.tolist()
+    return config
+
+
+def _radial_mlp(model: torch.nn.Module) -> list[int]:
+    from mace.tools.scripts_utils import extract_radial_MLP
+
+    return list(extract_radial_MLP(model))
+
+
+def _check_keys(config: dict[str, Any]) -> None:
+    kind = config.get("class")
+    if kind not in MODEL_CLASSES:
+        raise ValueError(
+            f"unsupported MACE model class {kind} (supported: {', '.join(MODEL_CLASSES)})"
+        )
+    allowed = set(_COMMON_KEYS) | (set(_SCALE_SHIFT_KEYS) if kind == "ScaleShiftMACE" else set())
+    unknown, missing = sorted(set(config) - allowed), sorted(allowed - set(config))
+    if unknown or missing:
+        raise ValueError(
+            f"MACE model configuration: unknown key(s) {unknown or 'none'}, "
+            f"missing key(s) {missing or 'none'}"
+        )
+
+
+def build_model(config: dict[str, Any]) -> torch.nn.Module:
+    """A mace-torch model from :func:`model_config`'s plain data (random weights, float64).
+
+    :raises ValueError: unknown keys, or a class or gate this module does not rebuild
+    """
+    mm = _mace()
+    from e3nn import o3
+
+    _check_keys(config)
+    config = dict(config)
+    kind = config.pop("class")
+    for key in ("interaction_cls", "interaction_cls_first"):
+        if config[key] not in mm.interaction_classes:
+            raise ValueError(
+                f"unsupported MACE {key} {config[key]} "
+                f"(supported: {', '.join(mm.interaction_classes)})"
+            )
+        config[key] = mm.interaction_classes[config[key]]
+    if config["readout_cls"] not in READOUT_CLASSES:
+        raise ValueError(
+            f"unsupported MACE readout_cls {config['readout_cls']} "
+            f"(supported: {', '.join(READOUT_CLASSES)})"
+        )
+    config["readout_cls"] = mm.readout_classes[config["readout_cls"]]
+    if config["gate"] not in mm.gate_dict:
+        raise ValueError(
+            f"unsupported MACE gate {config['gate']} (supported: {', '.join(mm.gate_dict)})"
+        )
+    config["gate"] = mm.gate_dict[config["gate"]]
+    for key in ("hidden_irreps", "MLP_irreps", "edge_irreps"):
+        if config[key] is not None:
+            config[key] = o3.Irreps(config[key])
+    import numpy as np
+
+    config["atomic_energies"] = np.array(config["atomic_energies"], dtype=np.float64)
+    if kind == "ScaleShiftMACE":
+        for key in _SCALE_SHIFT_KEYS:
+            config[key] = np.array(config[key], dtype=np.float64)
+    cls = mm.ScaleShiftMACE if kind == "ScaleShiftMACE" else mm.MACE
+    # the random initial weights (replaced by the real ones) leave torch's generator alone
+    with _quiet_torchscript(), _default_dtype(torch.float64), torch.random.fork_rng(devices=[]):
+        return cls(**config)
+
+
+def _head_index(heads: list[str], head: str | None) -> int:
+    """Which head to evaluate: the named one; the only one; else the one called default."""
+    if head is not None:
+        if head not in heads:
+            raise ValueError(f"head {head} not in the MACE model (heads: {', '.join(heads)})")
+        return heads.index(head)
+    if len(heads) == 1:
+        return 0
+    default = [k for k, h in enumerate(heads) if h.lower() == "default"]
+    if not default:
+        raise ValueError(
+            f"this MACE model has several heads ({', '.join(heads)}): choose one with head"
+        )
+    return default[0]
+
+
+def _element_symbols(atomic_numbers: list[int]) -> tuple[str, ...]:
+    from ase.data import chemical_symbols
+
+    return tuple(chemical_symbols[z] for z in atomic_numbers)
+
+
+# --- the potential -------------------------------------------------------------------------
+
+
+@register_potential
+class Mace(Potential):
+    """A mace-torch ``MACE`` or ``ScaleShiftMACE`` model.
+
+    Per-atom energy = E0 of the atom's element + the readouts of every layer (+ ZBL pair
+    repulsion where the model has it), scaled and shifted as ``ScaleShiftMACE`` does: the
+    ``node_energy`` of mace-torch. Atoms of ``NULL`` types (species -1) have zero energy and
+    no pairs. Energies are in eV and lengths in Angstrom (``units metal``); the cutoff is
+    ``r_max`` and the model has ``num_interactions`` layers.
+
+    Build one from a mace-torch model with :meth:`from_model` or from a checkpoint file with
+    :meth:`from_checkpoint`; the constructor takes :meth:`config`'s plain data.
+
+    :param model: MACE hyperparameters as plain data (:func:`model_config`): irreps as
+        strings, block classes and the gate by name, ``class`` = ``MACE`` or
+        ``ScaleShiftMACE``
+    :param head: which head of a multi-head model to evaluate (default: the only head, or
+        the one named ``default``)
+    :param dtype: ``float64`` or ``float32``
+    """
+
+    name = "mace"
+
+    def __init__(
+        self, model: dict[str, Any], head: str | None = None, dtype: str = "float64"
+    ) -> None:
+        super().__init__()
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}; got '{dtype}'")
+        _check_keys(model)
+        heads = list(model["heads"])
+        self.head_index = _head_index(heads, head)
+        self.model = build_model(model).to(_DTYPES[dtype]).eval()
+        self.spec = ModelSpec(
+            elements=_element_symbols(list(model["atomic_numbers"])),
+            cutoff=float(model["r_max"]),
+            units="metal",
+            dtype=dtype,
+            layers=int(model["num_interactions"]),
+        )
+        self._config = {
+            "model": copy.deepcopy(model), "head": heads[self.head_index], "dtype": dtype
+        }
+
+    def config(self) -> dict[str, Any]:
+        return copy.deepcopy(self._config)
+
+    @classmethod
+    def from_model(
+        cls, model: torch.nn.Module, head: str | None = None, dtype: str | None = None
+    ) -> Mace:
+        """Wrap a mace-torch model (its weights are copied; ``model`` is left as it is).
+
+        The network is rebuilt from its hyperparameters and the copy checked against
+        ``model`` on a small cluster of every element.
+
+        :param model: a ``mace.modules.MACE`` or ``ScaleShiftMACE`` on the e3nn code path
+        :param head: head of a multi-head model (see the class)
+        :param dtype: ``float64`` or ``float32``; default: the dtype of ``model``'s weights
+        :raises ValueError: the model cannot be rebuilt from plain data
+        """
+        if dtype is None:
+            floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
+            source = floating[0] if floating else torch.float64
+            dtype = {v: k for k, v in _DTYPES.items()}.get(source, "float64")
+        potential = cls(model_config(model), head=head, dtype=dtype)
+        state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+        try:
+            potential.model.load_state_dict(state)
+        except RuntimeError as err:
+            raise ValueError(f"the rebuilt MACE model does not take these weights: {err}") from None
+        potential._check_same_as(model)
+        return potential
+
+    @classmethod
+    def from_checkpoint(
+        cls, path: str | os.PathLike, head: str | None = None, dtype: str = "float64"
+    ) -> Mace:
+        """Load a mace-torch model file (``torch.save`` of the model, e.g. ``*.model``).
+
+        A mace-torch checkpoint is a pickle: loading it runs code from the file
+        (``torch.load(weights_only=False)``). Only load files you trust. Export the result
+        with :func:`~nvalchemi_lammps.save_model`: that file holds plain data, and loading it
+        runs nothing from it.
+
+        :param path: local path of the checkpoint
+        :param head: head of a multi-head model (see the class)
+        :param dtype: ``float64`` (default) or ``float32``
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"MACE checkpoint {path} not found")
+        _mace()
+        with _quiet_torchscript():
+            model = torch.load(path, map_location="cpu", weights_only=False)
+        if isinstance(model, dict) and "model" in model:  # a training checkpoint's wrapper
+            model = model["model"]
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(
+                f"{path} holds a {type(model).__name__}, not a mace-torch model: weights "
+                "alone (a training checkpoint) cannot be used; give the saved model "
+                "(*.model) instead"
+            )
+        return cls.from_model(model, head=head, dtype=dtype)
+
+    @classmethod
+    def from_export_config(cls, config: dict[str, Any]) -> Mace:
+        """What ``nvalchemi-lammps export`` builds from a TOML file with
+        ``potential = "mace"``: ``checkpoint`` (path of a mace-torch model file, relative
+        to the working directory; required), ``head``, ``dtype``.
+
+        The checkpoint is a pickle and is loaded as such (see :meth:`from_checkpoint`).
+        """
+        allowed = ("checkpoint", "head", "dtype")
+        unknown = sorted(set(config) - set(allowed))
+        if unknown:
+            raise ValueError(
+                f"unknown key(s) {', '.join(unknown)} for potential mace "
+                f"(allowed: potential, {', '.join(allowed)})"
+            )
+        if "checkpoint" not in config:
+            raise ValueError('potential mace needs key checkpoint = "<mace-torch model file>"')
+        try:
+            return cls.from_checkpoint(
+                config["checkpoint"], head=config.get("head"), dtype=config.get("dtype", "float64")
+            )
+        except ImportError as err:  # the CLI reports ValueErrors as one line
+            raise ValueError(str(err)) from None
+
+    def _check_same_as(self, model: torch.nn.Module) -> None:
+        """The rebuilt network gives ``model``'s energies and pair forces on a small cluster
+        of every element (the same code on the same weights: equal up to dtype rounding)."""
+        n = len(self.spec.elements)
+        count = max(8, 2 * n)
+        side = round(count ** (1 / 3) + 0.5)
+        grid = torch.cartesian_prod(*[torch.arange(side, dtype=torch.float64)] * 3)[:count]
+        generator = torch.Generator().manual_seed(0)
+        noise = torch.rand(count, 3, generator=generator, dtype=torch.float64) - 0.5
+        x = (grid + 0.2 * noise) * 0.45 * self.spec.cutoff
+        species = torch.arange(count) % n
+        i, j = torch.meshgrid(torch.arange(count), torch.arange(count), indexing="ij")
+        i, j = i.reshape(-1), j.reshape(-1)
+        rij = x[j] - x[i]
+        keep = (i != j) & (torch.linalg.vector_norm(rij, dim=1) < self.spec.cutoff)
+        i, j, rij = i[keep], j[keep], rij[keep]
+        # the original in its own dtype and on its own device, left as it is
+        weights = [p for p in model.parameters() if p.is_floating_point()]
+        device = weights[0].device if weights else torch.device("cpu")
+        their_dtype = weights[0].dtype if weights else torch.float64
+
+        def run(network, dtype, device):
+            leaf = rij.to(device).requires_grad_(True)
+            graph = LocalGraph(count, species.to(device), i.to(device), j.to(device), leaf)
+            energies = _node_energies(network, graph, self.head_index, dtype)
+            (grad,) = torch.autograd.grad(energies.sum(), leaf)
+            return energies.detach().double().cpu(), grad.double().cpu()
+
+        mine = run(self.model, self.spec.torch_dtype, torch.device("cpu"))
+        theirs = run(model, their_dtype, device)
+        tol = 1e-5 if torch.float32 in (self.spec.torch_dtype, their_dtype) else 1e-10
+        for a, b in zip(mine, theirs):
+            scale = float(b.abs().max())
+            if not float((a - b).abs().max()) <= tol * (scale or 1.0):
+                raise ValueError(
+                    "the MACE model rebuilt from its hyperparameters gives other energies or "
+                    "forces than the original; this MACE variant is not supported"
+                )
+
+    def forward(self, graph: LocalGraph) -> torch.Tensor:
+        return _node_energies(self.model, graph, self.head_index, self.spec.torch_dtype)
+
+
+def _node_energies(
+    model: torch.nn.Module, graph: LocalGraph, head: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """MACE's ``node_energy`` of every row of ``graph`` (ghost rows: anything finite)."""
+    mapped = graph.species >= 0
+    num_elements = len(model.atomic_numbers)
+    node_attrs = torch.nn.functional.one_hot(graph.species.clamp(min=0), num_elements)
+    node_attrs = (node_attrs * mapped[:, None]).to(dtype)
+    node_heads = torch.full_like(graph.species, head)
+    # MACE's edges run sender -> receiver, edge_index = [sender, receiver], and its edge
+    # vector is x[receiver] - x[sender] (mace.modules.utils.get_edge_vectors_and_lengths);
+    # here j sends to i and rij = x[j] - x[i].
+    edge_index = torch.stack([graph.pair_j, graph.pair_i])
+    vectors = -graph.rij.to(dtype)
+    lengths = torch.linalg.vector_norm(vectors, dim=1, keepdim=True)
+
+    node_e0 = model.atomic_energies_fn(node_attrs)[:, head]
+    node_feats = model.node_embedding(node_attrs)
+    edge_attrs = model.spherical_harmonics(vectors)
+    edge_feats, cutoff = model.radial_embedding(
+        lengths, node_attrs, edge_index, model.atomic_numbers
+    )
+    if hasattr(model, "pair_repulsion"):
+        pair_energy = model.pair_repulsion_fn(
+            lengths, node_attrs, edge_index, model.atomic_numbers
+        )
+    else:
+        pair_energy = torch.zeros_like(node_e0)
+
+    features = []
+    for layer, (interaction, product) in enumerate(zip(model.interactions, model.products)):
+        if layer > 0:
+            # ghosts take their owners' features (the identity under the widened shell)
+            node_feats = graph.comm.forward_exchange(node_feats)
+        node_feats, sc = interaction(
+            node_attrs=node_attrs,
+            node_feats=node_feats,
+            edge_attrs=edge_attrs,
+            edge_feats=edge_feats,
+            edge_index=edge_index,
+            cutoff=cutoff,
+            first_layer=layer == 0,
+        )
+        if graph.ntotal:
+            node_feats = product(node_feats=node_feats, sc=sc, node_attrs=node_attrs)
+        else:
+            # mace's symmetric contraction cannot reshape zero rows; a rank without atoms
+            # still exchanges (and reverse-exchanges in backward) like every other rank,
+            # so its empty features stay connected to the pair vectors
+            width = product.linear.irreps_out.dim
+            node_feats = node_feats.sum() * node_feats.new_zeros(0, width)
+        features.append(node_feats)
+
+    readout_energies = [
+        readout(features[-1 if len(model.readouts) == 1 else k], node_heads)[:, head]
+        for k, readout in enumerate(model.readouts)
+    ]
+    if hasattr(model, "scale_shift"):
+        # ScaleShiftMACE scales the pair repulsion with the readouts, not the E0s
+        interaction_energy = torch.stack([pair_energy, *readout_energies]).sum(dim=0)
+        energies = node_e0 + model.scale_shift(interaction_energy, node_heads)
+    else:
+        energies = torch.stack([node_e0, pair_energy, *readout_energies]).sum(dim=0)
+    return torch.where(mapped, energies, 0.0)

@@ -1,0 +1,570 @@
+"""MACE (mace-torch) as a potential, without LAMMPS.
+
+- the potential on a whole periodic system equals mace-torch's own ``forward`` on the same
+  structure with its own neighbor list (energy, per-atom energies, forces, virial);
+- systems split over 1 to 4 ranks (one of them empty), with ghost features exchanged
+  between layers (``exchange``) or with a widened ghost shell (``shell``), equal it too;
+- the model file and checkpoint round trips, float32 models, NULL atoms, errors.
+
+Models are small and random (seeded): Ar and Kr, r_max 4, hidden irreps 8x0e+8x1o.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+import torch
+from _systems import (
+    FCC,
+    RankGraph,
+    System,
+    ThreadWorld,
+    decompose,
+    decompose_shell,
+    gather,
+)
+
+from nvalchemi_lammps import evaluate, load_model, save_model
+from nvalchemi_lammps.frontends._lammps_comm import LammpsComm
+from nvalchemi_lammps.potentials import mace as mace_module
+from nvalchemi_lammps.potentials.mace import Mace
+from nvalchemi_lammps.reference import evaluate_reference
+
+try:
+    mace_module._mace()
+except ImportError:  # pragma: no cover - mace-torch is an optional dependency
+    pytest.skip("mace-torch is not installed", allow_module_level=True)
+
+from _mace_models import ELEMENTS, R_MAX, VARIANTS, random_mace
+
+#: Multi-rank = single process, and our evaluation = mace-torch's (float64, relative).
+TOLERANCE = 1e-10
+
+
+# --- systems: every one has pairs shorter than r_max across periodic boundaries ---------
+
+
+def _rattled(frac, cell, amount, seed):
+    rng = np.random.default_rng(seed)
+    return frac @ cell + rng.uniform(-amount, amount, size=(len(frac), 3))
+
+
+def fcc_ar_kr() -> System:
+    """2x2x2 fcc cells of 5.0 Angstrom (32 atoms), rattled, Ar and Kr mixed. At 3 and 4
+    ranks a slab is thinner than r_max."""
+    shifts = np.array([[a, b, c] for a in (0, 1) for b in (0, 1) for c in (0, 1)], float)
+    frac = (FCC[None, :, :] + shifts[:, None, :]).reshape(-1, 3) / 2.0
+    cell = 10.0 * np.eye(3)
+    species = np.random.default_rng(11).integers(0, 2, size=len(frac)).astype(np.int64)
+    return System("fcc_ar_kr", _rattled(frac, cell, 0.15, 10), cell, (True,) * 3, species,
+                  ELEMENTS)
+
+
+def triclinic_ar_kr() -> System:
+    """Three atoms in a skewed cell with a lattice vector shorter than r_max: atoms see
+    their own periodic images."""
+    cell = np.array([[3.7, 0.0, 0.0], [1.2, 4.4, 0.0], [-0.9, 1.1, 5.2]])
+    frac = np.array([[0.0, 0.0, 0.0], [0.5, 0.4, 0.3], [0.1, 0.6, 0.7]])
+    return System("triclinic_ar_kr", _rattled(frac, cell, 0.1, 12), cell, (True,) * 3,
+                  np.array([0, 1, 1]), ELEMENTS)
+
+
+def slab_ar_kr() -> System:
+    """16 atoms periodic in x and y only."""
+    cell = np.array([[7.0, 0.0, 0.0], [0.0, 7.0, 0.0], [0.0, 0.0, 7.0]])
+    grid = np.array([[a, b, c] for a in (0, 1) for b in (0, 1) for c in (0, 1)], float)
+    frac = np.concatenate([grid / 2.0, grid / 2.0 + 0.25])
+    species = np.random.default_rng(13).integers(0, 2, size=len(frac)).astype(np.int64)
+    return System("slab_ar_kr", _rattled(frac, cell, 0.1, 14), cell, (True, True, False),
+                  species, ELEMENTS)
+
+
+SYSTEMS = [fcc_ar_kr(), triclinic_ar_kr(), slab_ar_kr()]
+
+
+# --- models ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS), ids=list(VARIANTS))
+def variant(request) -> tuple[str, torch.nn.Module, Mace]:
+    model = random_mace(**VARIANTS[request.param])
+    return request.param, model, Mace.from_model(model)
+
+
+@pytest.fixture(scope="module")
+def scale_shift() -> tuple[torch.nn.Module, Mace]:
+    model = random_mace(**VARIANTS["scale_shift"])
+    return model, Mace.from_model(model)
+
+
+# --- mace-torch's own evaluation ---------------------------------------------------------
+
+
+def mace_forward(
+    model: torch.nn.Module, system: System, head: str = "Default"
+) -> dict[str, np.ndarray]:
+    """mace-torch on ``system``: its AtomicData, its neighbor list, its forward."""
+    import ase
+
+    mace_module._mace()
+    with mace_module._quiet_torchscript():
+        from mace import data as mace_data
+        from mace.tools import torch_geometric
+        from mace.tools.utils import AtomicNumberTable
+
+    atoms = ase.Atoms(
+        symbols=[system.elements[s] for s in system.species],
+        positions=system.positions,
+        cell=system.cell,
+        pbc=system.pbc,
+    )
+    with mace_module._default_dtype(torch.float64):
+        config = mace_data.config_from_atoms(atoms, head_name=head)
+        table = AtomicNumberTable([int(z) for z in model.atomic_numbers])
+        data = mace_data.AtomicData.from_config(
+            config, z_table=table, cutoff=float(model.r_max), heads=model.heads
+        )
+        batch = torch_geometric.batch.Batch.from_data_list([data]).to_dict()
+        out = model(batch, compute_force=True, compute_virials=True, compute_stress=True)
+    return {
+        "energy": float(out["energy"].detach()[0]),
+        "atom_energies": out["node_energy"].detach().numpy(),
+        "forces": out["forces"].detach().numpy(),
+        "virial": out["virials"][0].detach().numpy(),
+        "stress": out["stress"][0].detach().numpy(),
+    }
+
+
+def _relative(got, ref) -> float:
+    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    return float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+
+
+def _reference(potential: Mace, system: System):
+    return evaluate_reference(potential, system.positions, system.cell, system.pbc,
+                              system.species)
+
+
+# --- (a) the potential = mace-torch's forward --------------------------------------------
+
+
+@pytest.mark.parametrize("system", SYSTEMS, ids=lambda s: s.name)
+def test_equals_mace_forward(variant, system):
+    _, model, potential = variant
+    ref = _reference(potential, system)
+    theirs = mace_forward(model, system)
+    assert len(ref.pairs.pair_i) > 0
+    diffs = {
+        "energy": _relative([ref.energy], [theirs["energy"]]),
+        "atom_energies": _relative(ref.atom_energies, theirs["atom_energies"]),
+        "forces": _relative(ref.forces, theirs["forces"]),
+        # mace-torch's virial is -dE/dstrain, ours -sum rij (x) fij: the same tensor
+        "virial": _relative(ref.virial, theirs["virial"]),
+    }
+    if all(system.pbc):  # mace-torch stretches the cell along non-periodic directions
+        diffs["stress"] = _relative(-ref.virial / system.volume, theirs["stress"])
+    assert all(d <= TOLERANCE for d in diffs.values()), diffs
+    assert np.abs(theirs["forces"]).max() > 1e-3  # forces that could be wrong
+
+
+@pytest.mark.parametrize(
+    "interaction",
+    [
+        "RealAgnosticDensityInteractionBlock",
+        "RealAgnosticDensityResidualInteractionBlock",
+        "RealAgnosticResidualNonLinearInteractionBlock",
+        "RealAgnosticAttResidualInteractionBlock",
+    ],
+)
+def test_other_interaction_blocks(interaction):
+    model = random_mace(interaction=interaction, seed=3)
+    potential = Mace.from_model(model)
+    system = fcc_ar_kr()
+    ref = _reference(potential, system)
+    theirs = mace_forward(model, system)
+    assert _relative([ref.energy], [theirs["energy"]]) <= TOLERANCE
+    assert _relative(ref.forces, theirs["forces"]) <= TOLERANCE
+    # and across ranks with ghost features exchanged
+    got, _ = _run_exchange(potential, system, decompose(system, R_MAX, 3))
+    assert _relative(got.forces, ref.forces) <= TOLERANCE
+
+
+def _options():
+    from e3nn import o3
+
+    mm = mace_module._mace()
+    two_heads = {"heads": ["pt_head", "Default"],
+                     "atomic_energies": np.array([[-0.5, -0.7], [-0.4, -0.9]]),
+                     "atomic_inter_scale": np.array([1.3, 0.9]),
+                     "atomic_inter_shift": np.array([0.1, -0.2])}
+    return {
+        "one_layer": ({"num_interactions": 1}, None),
+        "two_heads-default": (two_heads, None),
+        "two_heads-pt_head": (two_heads, "pt_head"),
+        "agnesi-gaussian": ({"distance_transform": "Agnesi", "radial_type": "gaussian"}, None),
+        "bias_readout-last_only": (
+            {"readout_cls": mm.NonLinearBiasReadoutBlock, "use_last_readout_only": True}, None
+        ),
+        "keep_last_layer_irreps": ({"keep_last_layer_irreps": True}, None),
+        "correlation_per_layer-chebyshev-tanh": (
+            {"correlation": [3, 2], "radial_type": "chebyshev", "gate": torch.tanh}, None
+        ),
+        "edge_irreps": ({"edge_irreps": o3.Irreps("4x0e+4x1o")}, None),
+        "agnostic_product-no_cutoff": (
+            {"kind": "MACE", "use_agnostic_product": True, "apply_cutoff": False}, None
+        ),
+    }
+
+
+OPTIONS = _options()
+
+
+@pytest.mark.parametrize("case", OPTIONS, ids=list(OPTIONS))
+def test_model_options(case, tmp_path):
+    """MACE options round-trip through plain data (``from_model`` checks the rebuilt
+    network against the original) and the result equals mace-torch's forward."""
+    options, head = OPTIONS[case]
+    model = random_mace(seed=7, **options)
+    potential = Mace.from_model(model, head=head)
+    heads = list(model.heads)
+    assert potential.config()["head"] == (head or "Default")
+    system = triclinic_ar_kr()
+    ref = _reference(potential, system)
+    theirs = mace_forward(model, system, head=head or "Default")
+    assert _relative(ref.atom_energies, theirs["atom_energies"]) <= TOLERANCE
+    assert _relative(ref.forces, theirs["forces"]) <= TOLERANCE
+    loaded = load_model(save_model(potential, tmp_path / "m.pt"))
+    assert np.array_equal(_reference(loaded, system).forces, ref.forces)
+    assert heads == loaded.config()["model"]["heads"]
+
+
+def test_edges_as_mace_sees_them(scale_shift):
+    """MACE's blocks get the same edges from us as from mace-torch's own neighbor list:
+    ``edge_index = [sender, receiver]`` and vector ``x[receiver] - x[sender]`` (-rij for
+    the pair j -> i). MACE's energy is invariant under flipping every vector (inversion),
+    so the comparisons above could not tell the sign; this one does."""
+    model, potential = scale_shift
+    seen = []
+
+    def record(module, args, kwargs):
+        _lengths, _, edge_index, _ = args
+        seen.append(edge_index.detach().clone())
+
+    def vectors(module, args):
+        seen.append(args[0].detach().clone())
+
+    system = triclinic_ar_kr()
+    edges = []
+    for network, run in ((potential.model, lambda: _reference(potential, system)),
+                         (model, lambda: mace_forward(model, system))):
+        hooks = [network.radial_embedding.register_forward_pre_hook(record, with_kwargs=True),
+                 network.spherical_harmonics.register_forward_pre_hook(vectors)]
+        seen.clear()
+        run()
+        for hook in hooks:
+            hook.remove()
+        edge_index, vecs = seen[1], seen[0]
+        table = np.concatenate([edge_index.T.numpy(), np.round(vecs.numpy(), 9)], axis=1)
+        edges.append(table[np.lexsort(table.T[::-1])])
+    ours, theirs = edges
+    assert ours.shape == theirs.shape and len(ours) > 0
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-9)
+    assert not np.allclose(ours[:, 2:], -theirs[:, 2:])
+
+
+# --- (b) decomposed over ranks -----------------------------------------------------------
+
+
+def _run_exchange(potential: Mace, system: System, graphs, exchange: bool = True):
+    """Every rank in its own thread with LAMMPS's collectives faked; results folded as
+    LAMMPS folds them."""
+    world = ThreadWorld(graphs, system.natoms)
+
+    def work(rank):
+        g = graphs[rank]
+        return evaluate(
+            potential,
+            g.nlocal,
+            torch.from_numpy(g.species),
+            torch.from_numpy(g.pair_i),
+            torch.from_numpy(g.pair_j),
+            torch.from_numpy(g.rij),
+            LammpsComm(world.collectives(rank), exchange=exchange),
+        )
+
+    results = world.run(work)
+    got = gather(
+        system,
+        graphs,
+        [r.atom_energies.numpy() for r in results],
+        [r.pair_forces.numpy() for r in results],
+    )
+    return got, world
+
+
+def _assert_equal(got, ref, tol=TOLERANCE):
+    diffs = {
+        "energy": _relative([got.energy], [ref.energy]),
+        "atom_energies": _relative(got.atom_energies, ref.atom_energies),
+        "forces": _relative(got.forces, ref.forces),
+        "virial": _relative(got.virial, ref.virial),
+        "atom_virials": _relative(got.atom_virials, ref.atom_virials),
+    }
+    assert all(d <= tol for d in diffs.values()), diffs
+
+
+DECOMPOSITIONS = [(1, None), (2, None), (3, None), (4, None), (3, 2)]
+DECOMPOSITION_IDS = ["np1", "np2", "np3-thin", "np4-thin", "np3-one-empty"]
+
+
+@pytest.mark.parametrize(("nranks", "nslabs"), DECOMPOSITIONS, ids=DECOMPOSITION_IDS)
+@pytest.mark.parametrize("system", SYSTEMS[:2], ids=lambda s: s.name)
+def test_ranks_equal_reference(variant, system, nranks, nslabs):
+    _, _, potential = variant
+    layers = potential.spec.layers
+    ref = _reference(potential, system)
+
+    exchanged, world = _run_exchange(potential, system, decompose(system, R_MAX, nranks, nslabs))
+    _assert_equal(exchanged, ref)
+    # one forward exchange per layer after the first, its reverse in the backward pass,
+    # on every rank including an empty one
+    assert all(calls == world.calls[0] for calls in world.calls)
+    assert world.calls[0].count("forward_exchange") == layers - 1
+    assert world.calls[0].count("reverse_exchange") == layers - 1
+
+    graphs = decompose_shell(system, R_MAX, layers, nranks, nslabs)
+    shelled, world = _run_exchange(potential, system, graphs, exchange=False)
+    _assert_equal(shelled, ref)
+    assert world.calls == [[] for _ in graphs]
+    _assert_equal(exchanged, shelled, tol=1e-12)
+
+
+def test_rank_without_atoms_or_ghosts_exchanges_too(scale_shift):
+    """A rank with no atoms at all (LAMMPS's top rank over empty space) still takes part in
+    every exchange, forward and reverse, or the others would wait for it forever."""
+    _, potential = scale_shift
+    system = fcc_ar_kr()
+    nothing = np.zeros(0, np.int64)
+    empty = RankGraph(0, nothing, nothing, nothing, np.zeros((0, 3)), nothing)
+    graphs = [*decompose(system, R_MAX, 2), empty]
+    got, world = _run_exchange(potential, system, graphs)
+    _assert_equal(got, _reference(potential, system))
+    assert world.calls[2] == world.calls[0] == ["forward_exchange", "reverse_exchange"]
+
+
+def test_exchange_is_needed(scale_shift):
+    """A one-cutoff ghost shell without the exchange gives other energies: the test above
+    could fail."""
+    _, potential = scale_shift
+    system = fcc_ar_kr()
+    ref = _reference(potential, system)
+    graphs = decompose(system, R_MAX, 2)
+    wrong, _ = _run_exchange(potential, system, graphs, exchange=False)
+    assert _relative(wrong.atom_energies, ref.atom_energies) > 1e-6
+
+
+# --- NULL atoms, empty ranks --------------------------------------------------------------
+
+
+def test_null_atoms_are_left_out(scale_shift):
+    """An atom of a NULL type (species -1) takes part in no pair: same result as without
+    it, zero energy and force for it."""
+    _, potential = scale_shift
+    system = fcc_ar_kr()
+    species = system.species.copy()
+    species[5] = -1
+    with_null = evaluate_reference(potential, system.positions, system.cell, system.pbc,
+                                   species)
+    keep = np.arange(system.natoms) != 5
+    without = evaluate_reference(potential, system.positions[keep], system.cell, system.pbc,
+                                 species[keep])
+    assert with_null.atom_energies[5] == 0.0 and not with_null.forces[5].any()
+    assert _relative(with_null.atom_energies[keep], without.atom_energies) <= 1e-13
+    assert _relative(with_null.forces[keep], without.forces) <= 1e-13
+
+
+@pytest.mark.parametrize(("nlocal", "nghost"), [(0, 0), (0, 4), (3, 0), (2, 3)])
+def test_no_pairs(scale_shift, nlocal, nghost):
+    """A rank without pairs (or without atoms) runs through; its atoms have the energies
+    mace-torch gives isolated atoms."""
+    model, potential = scale_shift
+    species = np.arange(nlocal + nghost) % 2
+    none = torch.zeros(0, dtype=torch.int64)
+    result = evaluate(potential, nlocal, torch.from_numpy(species), none, none,
+                      torch.zeros(0, 3, dtype=torch.float64))
+    assert result.atom_energies.shape == (nlocal,) and result.pair_forces.shape == (0, 3)
+    if nlocal:
+        far_apart = System("isolated", 10.0 * np.eye(3)[:nlocal], np.zeros((3, 3)),
+                           (False,) * 3, species[:nlocal], ELEMENTS)
+        isolated = mace_forward(model, far_apart)["atom_energies"]
+        assert _relative(result.atom_energies.numpy(), isolated) <= 1e-14
+
+
+# --- (c) model file, checkpoint, configuration --------------------------------------------
+
+
+def test_model_file_round_trip(variant, tmp_path):
+    _, _, potential = variant
+    config = potential.config()
+    assert json.loads(json.dumps(config)) == config  # plain data
+    path = save_model(potential, tmp_path / "mace.pt")
+    loaded = load_model(path)
+    assert isinstance(loaded, Mace) and loaded.spec == potential.spec
+    assert loaded.config() == config
+    system = triclinic_ar_kr()
+    before, after = _reference(potential, system), _reference(loaded, system)
+    assert after.energy == before.energy
+    assert np.array_equal(after.atom_energies, before.atom_energies)
+    assert np.array_equal(after.forces, before.forces)
+
+
+def test_spec(variant):
+    name, model, potential = variant
+    spec = potential.spec
+    assert spec.elements == ELEMENTS
+    assert spec.cutoff == R_MAX
+    assert spec.layers == VARIANTS[name].get("num_interactions", 2) == int(model.num_interactions)
+    assert spec.units == "metal" and spec.dtype == "float64"
+    assert spec.strategies == ("exchange", "shell")
+    assert potential.config()["head"] == "Default"
+
+
+def test_from_checkpoint(scale_shift, tmp_path):
+    model, potential = scale_shift
+    path = tmp_path / "small.model"
+    with mace_module._quiet_torchscript():  # e3nn's modules pickle through torch.jit.save
+        torch.save(model, path)
+    loaded = Mace.from_checkpoint(path)
+    assert loaded.config() == potential.config()
+    system = triclinic_ar_kr()
+    assert np.array_equal(_reference(loaded, system).forces, _reference(potential, system).forces)
+    assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in os.environ
+
+    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    message = (
+        f"{tmp_path / 'weights.pt'} holds a OrderedDict, not a mace-torch model: weights "
+        "alone (a training checkpoint) cannot be used; give the saved model (*.model) instead"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Mace.from_checkpoint(tmp_path / "weights.pt")
+    with pytest.raises(ValueError, match=re.escape(f"MACE checkpoint {tmp_path / 'no'} not found")):
+        Mace.from_checkpoint(tmp_path / "no")
+
+
+def test_export_from_checkpoint(scale_shift, tmp_path, capsys):
+    """``nvalchemi-lammps export`` with potential = "mace" and a checkpoint."""
+    from nvalchemi_lammps.cli import export
+
+    model, potential = scale_shift
+    with mace_module._quiet_torchscript():
+        torch.save(model, tmp_path / "small.model")
+    toml = tmp_path / "mace.toml"
+    toml.write_text(f'potential = "mace"\ncheckpoint = "{tmp_path / "small.model"}"\n'
+                    'dtype = "float32"\n')
+    assert export.main([str(toml), "-o", str(tmp_path / "mace.pt")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    loaded = load_model(tmp_path / "mace.pt")
+    assert loaded.spec.dtype == "float32"
+    assert loaded.config()["model"] == potential.config()["model"]
+
+    toml.write_text('potential = "mace"\nfile = "x"\n')
+    assert export.main([str(toml), "-o", str(tmp_path / "bad.pt")]) == 1
+    assert capsys.readouterr().out.startswith(
+        "error: unknown key(s) file for potential mace "
+        "(allowed: potential, checkpoint, head, dtype)"
+    )
+
+
+def test_import_leaves_environment_alone():
+    """mace-torch's import sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 (which would let every
+    torch.load unpickle code); the potential puts it back."""
+    mace_module._mace()
+    assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in os.environ
+
+
+def test_missing_mace_torch(scale_shift, monkeypatch):
+    """Without mace-torch, building a MACE model says which extra to install."""
+    _, potential = scale_shift
+    monkeypatch.setattr(mace_module, "_MACE", None)
+    monkeypatch.setitem(sys.modules, "mace.modules", None)
+    message = "the mace potential needs mace-torch: pip install 'nvalchemi-lammps[mace]'"
+    with pytest.raises(ImportError, match=re.escape(message)):
+        Mace(potential.config()["model"])
+
+
+# --- (d) float32 -------------------------------------------------------------------------
+
+
+def test_float32(scale_shift):
+    model, potential = scale_shift
+    single = Mace.from_model(model, dtype="float32")
+    assert single.spec.dtype == "float32"
+    assert next(single.model.parameters()).dtype == torch.float32
+    assert next(model.parameters()).dtype == torch.float64  # the original is left alone
+    system = fcc_ar_kr()
+    ref, got = _reference(potential, system), _reference(single, system)
+    assert got.pair_forces.dtype == np.float64 and got.forces.dtype == np.float64
+    assert _relative([got.energy], [ref.energy]) <= 1e-5
+    assert _relative(got.atom_energies, ref.atom_energies) <= 1e-5
+    assert _relative(got.forces, ref.forces) <= 1e-4
+    assert not np.array_equal(got.forces, ref.forces)
+    exchanged, _ = _run_exchange(single, system, decompose(system, R_MAX, 3, 2))
+    assert _relative(exchanged.forces, ref.forces) <= 1e-4
+
+
+# --- errors --------------------------------------------------------------------------------
+
+
+ERRORS = {
+    "model-class": (
+        lambda config: Mace.from_model(torch.nn.Linear(2, 2)),
+        "unsupported MACE model class Linear (supported: MACE, ScaleShiftMACE)",
+    ),
+    "config-class": (
+        lambda config: Mace({**config["model"], "class": "AtomicDipolesMACE"}),
+        "unsupported MACE model class AtomicDipolesMACE (supported: MACE, ScaleShiftMACE)",
+    ),
+    "unknown-head": (
+        lambda config: Mace(config["model"], head="other"),
+        "head other not in the MACE model (heads: Default)",
+    ),
+    "several-heads": (
+        lambda config: Mace({**config["model"], "heads": ["a", "b"]}),
+        "this MACE model has several heads (a, b): choose one with head",
+    ),
+    "dtype": (
+        lambda config: Mace(config["model"], dtype="float16"),
+        "dtype must be one of float32, float64; got 'float16'",
+    ),
+    "gate": (
+        lambda config: Mace({**config["model"], "gate": "relu"}),
+        "unsupported MACE gate relu (supported: abs, tanh, silu, None)",
+    ),
+    "interaction": (
+        lambda config: Mace({**config["model"], "interaction_cls": "Mystery"}),
+        "unsupported MACE interaction_cls Mystery (supported: RealAgnosticResidualInteractionBlock",
+    ),
+    "readout": (
+        lambda config: Mace({**config["model"], "readout_cls": "LinearReadoutBlock"}),
+        ("unsupported MACE readout_cls LinearReadoutBlock "
+        "(supported: NonLinearReadoutBlock, NonLinearBiasReadoutBlock)"),
+    ),
+    "keys": (
+        lambda config: Mace({k: v for k, v in {**config["model"], "extra": 1}.items()
+                             if k != "gate"}),
+        "MACE model configuration: unknown key(s) ['extra'], missing key(s) ['gate']",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", ERRORS, ids=list(ERRORS))
+def test_errors(scale_shift, case):
+    _, potential = scale_shift
+    build, message = ERRORS[case]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build(potential.config())
