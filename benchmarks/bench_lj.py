@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
@@ -42,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nvalchemi_lammps import LocalGraph, save_model
+from nvalchemi_lammps import LocalGraph, evaluate, save_model
 from nvalchemi_lammps.cli.export import default_config_text, potential_from_config
 from nvalchemi_lammps.lammps_run import read_dump, run_lammps
 
@@ -114,19 +115,24 @@ def rank_graph(
     )
 
 
-def time_forward_backward(potential, graph_parts, repeats: int = 15) -> float:
-    """Median seconds of the potential's forward and backward on one graph."""
-    nlocal, species, pair_i, pair_j, rij = graph_parts
+def time_calls(call, repeats: int = 15, warmup: int = 3) -> float:
+    """Median seconds of ``call()`` after ``warmup`` untimed calls."""
     samples = []
-    for k in range(repeats + 3):
-        leaf = rij.detach().requires_grad_(True)
+    for k in range(warmup + repeats):
         start = time.perf_counter()
-        graph = LocalGraph(nlocal=nlocal, species=species, pair_i=pair_i, pair_j=pair_j, rij=leaf)
-        energy = potential(graph)[:nlocal].sum()
-        torch.autograd.grad(energy, leaf)
-        if k >= 3:
+        call()
+        if k >= warmup:
             samples.append(time.perf_counter() - start)
     return statistics.median(samples)
+
+
+def forward_backward(potential, graph_parts) -> None:
+    """The potential's own work on one graph: energies, then their gradient."""
+    nlocal, species, pair_i, pair_j, rij = graph_parts
+    leaf = rij.detach().requires_grad_(True)
+    graph = LocalGraph(nlocal=nlocal, species=species, pair_i=pair_i, pair_j=pair_j, rij=leaf)
+    energy = potential(graph)[:nlocal].sum()
+    torch.autograd.grad(energy, leaf)
 
 
 def machine() -> dict[str, str]:
@@ -153,6 +159,17 @@ def machine() -> dict[str, str]:
     }
 
 
+def run_style(script: str, workdir: Path, ranks: int, variables: dict) -> dict[str, float]:
+    """One LAMMPS run of the input; ms per step and Pair ms per step of its timed run."""
+    header = "".join(f"variable {k} index {v}\n" for k, v in variables.items())
+    timing = parse_timing(run_lammps(header + script, ranks, workdir).check().output)
+    return {
+        "ms": 1e3 * timing["loop"] / timing["steps"],
+        "pair_ms": 1e3 * timing["pair"] / timing["steps"],
+        "atoms": timing["atoms"],
+    }
+
+
 def bench(args: argparse.Namespace) -> dict:
     potential = potential_from_config(tomllib.loads(default_config_text())).eval()
     cutoff = potential.spec.cutoff
@@ -162,11 +179,13 @@ def bench(args: argparse.Namespace) -> dict:
         model = save_model(potential, Path(tmp) / "argon.pt")
         for cells in args.cells:
             for ranks in args.ranks:
-                row = {"cells": cells, "ranks": ranks}
-                for style in STYLES:
-                    per_step, pair = [], []
-                    for rep in range(args.repeats):
-                        workdir = Path(tmp) / f"{cells}-{ranks}-{style.replace('/', '_')}-{rep}"
+                row: dict = {"cells": cells, "ranks": ranks, "load_before": os.getloadavg()[0]}
+                runs: dict[str, list[dict]] = {style: [] for style in STYLES}
+                # styles alternate within each repeat, so that a disturbance hits both alike
+                for rep in range(args.repeats):
+                    for style in STYLES:
+                        key = style.replace("/", "_")
+                        workdir = Path(tmp) / f"{cells}-{ranks}-{key}-{rep}"
                         variables = {
                             "pair": style,
                             "model": model,
@@ -175,22 +194,19 @@ def bench(args: argparse.Namespace) -> dict:
                             "nve_steps": args.steps,
                             "thermo": args.steps,
                         }
-                        header = "".join(f"variable {k} index {v}\n" for k, v in variables.items())
-                        run = run_lammps(header + script, ranks, workdir).check()
-                        timing = parse_timing(run.output)
-                        per_step.append(1e3 * timing["loop"] / timing["steps"])
-                        pair.append(1e3 * timing["pair"] / timing["steps"])
-                        row["atoms"] = timing["atoms"]
-                        dump = workdir / "forces_step0.dump"
+                        runs[style].append(run_style(script, workdir, ranks, variables))
+                row["atoms"] = runs[STYLES[0]][0]["atoms"]
+                for style in STYLES:
                     key = style.replace("/", "_")
-                    row[f"{key}_ms"] = statistics.median(per_step)
-                    row[f"{key}_pair_ms"] = statistics.median(pair)
-                    row[f"{key}_ms_all"] = per_step
+                    row[f"{key}_ms"] = statistics.median(r["ms"] for r in runs[style])
+                    row[f"{key}_pair_ms"] = statistics.median(r["pair_ms"] for r in runs[style])
+                    row[f"{key}_ms_all"] = [r["ms"] for r in runs[style]]
                     print(
                         f"{row['atoms']:>7} atoms {ranks} rank(s) {style:>10}: "
                         f"{row[f'{key}_ms']:8.2f} ms/step (pair {row[f'{key}_pair_ms']:.2f})",
                         flush=True,
                     )
+                dump = Path(tmp) / f"{cells}-{ranks}-nvalchemi-0" / "forces_step0.dump"
                 columns = read_dump(dump)
                 positions = np.stack([columns["x"], columns["y"], columns["z"]], axis=1)
                 parts = rank_graph(positions, read_box(dump), cutoff, ranks)
@@ -198,14 +214,21 @@ def bench(args: argparse.Namespace) -> dict:
                 row["graph_atoms"] = int(parts[1].shape[0])
                 row["graph_owned"] = parts[0]
                 row["graph_pairs"] = int(parts[2].shape[0])
-                row["forward_backward_ms"] = 1e3 * time_forward_backward(potential, parts)
+                row["forward_backward_ms"] = 1e3 * time_calls(
+                    functools.partial(forward_backward, potential, parts)
+                )
+                row["evaluate_ms"] = 1e3 * time_calls(
+                    functools.partial(evaluate, potential, *parts)
+                )
+                row["load_after"] = os.getloadavg()[0]
                 row["ratio"] = row["nvalchemi_ms"] / row["lj_cut_ms"]
                 row["bridge_in_pair_ms"] = row["nvalchemi_pair_ms"] - row["forward_backward_ms"]
                 row["outside_share"] = 1.0 - row["forward_backward_ms"] / row["nvalchemi_ms"]
                 print(
                     f"{'':>7} rank-0 graph {row['graph_owned']} owned / {row['graph_atoms']} "
                     f"atoms, {row['graph_pairs']} pairs: forward+backward "
-                    f"{row['forward_backward_ms']:.2f} ms",
+                    f"{row['forward_backward_ms']:.2f} ms, evaluate() {row['evaluate_ms']:.2f} ms "
+                    f"(load average {row['load_before']:.1f} -> {row['load_after']:.1f})",
                     flush=True,
                 )
                 rows.append(row)
@@ -236,16 +259,26 @@ def markdown(result: dict) -> str:
         ),
         "",
         (
-            "| atoms | ranks | lj/cut ms/step | nvalchemi ms/step | ratio | nvalchemi Pair ms/step "
-            "| fwd+bwd ms (rank-0 graph) | bridge in Pair ms | step outside fwd+bwd |"
+            "| atoms | ranks | lj/cut ms/step | nvalchemi ms/step | ratio "
+            "| nvalchemi Pair ms/step | fwd+bwd ms | evaluate() ms | bridge in Pair ms "
+            "| step outside fwd+bwd |"
         ),
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         lines.append(
             f"| {r['atoms']} | {r['ranks']} | {r['lj_cut_ms']:.2f} | {r['nvalchemi_ms']:.2f} "
             f"| {r['ratio']:.0f}x | {r['nvalchemi_pair_ms']:.2f} | {r['forward_backward_ms']:.2f} "
-            f"| {r['bridge_in_pair_ms']:.2f} | {100 * r['outside_share']:.0f} % |"
+            f"| {r['evaluate_ms']:.2f} | {r['bridge_in_pair_ms']:.2f} "
+            f"| {100 * r['outside_share']:.0f} % |"
+        )
+    busy = [r for r in result["rows"] if max(r["load_before"], r["load_after"]) > 0.5 + r["ranks"]]
+    if busy:
+        lines.append("")
+        lines.append(
+            "Load average above the ranks in use during "
+            + ", ".join(f"{r['atoms']} atoms / {r['ranks']} rank(s)" for r in busy)
+            + ": other work shared the cores."
         )
     return "\n".join(lines) + "\n"
 

@@ -49,9 +49,13 @@ def make_model(kind: str, dtype: str, path: Path) -> Path:
     if kind == "mpnn":
         potential = MessagePassing(["Ar", "Kr"], cutoff=5.0, layers=3, features=32, dtype=dtype)
     else:
+        # the small random MACE of the tests: r_max 4, 2 layers, 8x0e+8x1o, Ar/Kr
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from _mace_models import random_mace
+
         from nvalchemi_lammps.potentials.mace import Mace
 
-        potential = Mace.random(elements=("Ar", "Kr"), dtype=dtype)
+        potential = Mace.from_model(random_mace(), dtype=dtype)
     return save_model(potential, path)
 
 
