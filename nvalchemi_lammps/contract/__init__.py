@@ -5,8 +5,16 @@ for one MPI rank and one step; a potential turns it into per-atom energies. Neit
 knows the other.
 """
 
-from ._comm import Comm, NoOpComm
+from ._comm import Comm, NoOpComm, with_adjoint
 from ._graph import LocalGraph
 from ._spec import STRATEGIES, UNIT_STYLES, ModelSpec
 
-__all__ = ["Comm", "LocalGraph", "ModelSpec", "NoOpComm", "STRATEGIES", "UNIT_STYLES"]
+__all__ = [
+    "STRATEGIES",
+    "UNIT_STYLES",
+    "Comm",
+    "LocalGraph",
+    "ModelSpec",
+    "NoOpComm",
+    "with_adjoint",
+]

@@ -1,6 +1,32 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
+
+TensorOp = Callable[[torch.Tensor], torch.Tensor]
+
+
+class _WithAdjoint(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, src: torch.Tensor, op: TensorOp, adjoint: TensorOp) -> torch.Tensor:
+        ctx.adjoint = adjoint
+        return op(src)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return ctx.adjoint(grad), None, None
+
+
+def with_adjoint(src: torch.Tensor, op: TensorOp, adjoint: TensorOp) -> torch.Tensor:
+    """``op(src)``, differentiable with ``adjoint`` as its backward.
+
+    The exchanges are each other's adjoints (the backward of a forward exchange is a
+    reverse exchange and vice versa) and a sum over ranks is its own: a front door
+    implements the raw operations, this makes them differentiable.
+    """
+    return _WithAdjoint.apply(src, op, adjoint)
 
 
 class Comm:

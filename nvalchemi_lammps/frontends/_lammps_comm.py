@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..contract import Comm
+from ..contract import Comm, with_adjoint
 
 
 def _exchanged(operation: Any, src: torch.Tensor) -> torch.Tensor:
@@ -32,39 +32,6 @@ def _summed(collectives: Any, x: torch.Tensor) -> torch.Tensor:
     return values.to(device=x.device, dtype=x.dtype).reshape(x.shape)
 
 
-class _ForwardExchange(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, src: torch.Tensor, collectives: Any) -> torch.Tensor:
-        ctx.collectives = collectives
-        return _exchanged(collectives.forward_exchange, src)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _exchanged(ctx.collectives.reverse_exchange, grad), None
-
-
-class _ReverseExchange(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, src: torch.Tensor, collectives: Any) -> torch.Tensor:
-        ctx.collectives = collectives
-        return _exchanged(collectives.reverse_exchange, src)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _exchanged(ctx.collectives.forward_exchange, grad), None
-
-
-class _AllReduce(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, collectives: Any) -> torch.Tensor:
-        ctx.collectives = collectives
-        return _summed(collectives, x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _summed(ctx.collectives, grad), None
-
-
 class LammpsComm(Comm):
     """Collectives of one ``pair_style nvalchemi`` compute call.
 
@@ -78,10 +45,19 @@ class LammpsComm(Comm):
         self.exchange = exchange
 
     def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
-        return _ForwardExchange.apply(src, self.collectives) if self.exchange else src
+        return with_adjoint(src, self._forward, self._reverse) if self.exchange else src
 
     def reverse_exchange(self, src: torch.Tensor) -> torch.Tensor:
-        return _ReverseExchange.apply(src, self.collectives) if self.exchange else src
+        return with_adjoint(src, self._reverse, self._forward) if self.exchange else src
 
     def allreduce(self, x: torch.Tensor) -> torch.Tensor:
-        return _AllReduce.apply(x, self.collectives)
+        return with_adjoint(x, self._sum, self._sum)
+
+    def _forward(self, src: torch.Tensor) -> torch.Tensor:
+        return _exchanged(self.collectives.forward_exchange, src)
+
+    def _reverse(self, src: torch.Tensor) -> torch.Tensor:
+        return _exchanged(self.collectives.reverse_exchange, src)
+
+    def _sum(self, x: torch.Tensor) -> torch.Tensor:
+        return _summed(self.collectives, x)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .._model_file import load_model, model_record, potential_from_record
-from ..contract import Comm
+from ..contract import Comm, with_adjoint
 from ..engine import Evaluation, evaluate, potential_device
 from ..potentials import Potential
 
@@ -86,28 +86,6 @@ def _exchanged(exchange: Any, src: torch.Tensor) -> torch.Tensor:
     return out.to(src.dtype).reshape(src.shape)
 
 
-class _ForwardExchange(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, src: torch.Tensor, data: Any) -> torch.Tensor:
-        ctx.data = data
-        return _exchanged(data.forward_exchange, src)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _exchanged(ctx.data.reverse_exchange, grad), None
-
-
-class _ReverseExchange(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, src: torch.Tensor, data: Any) -> torch.Tensor:
-        ctx.data = data
-        return _exchanged(data.reverse_exchange, src)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _exchanged(ctx.data.forward_exchange, grad), None
-
-
 class MliapComm(Comm):
     """The contract's collectives over ML-IAP's ``forward_exchange``/``reverse_exchange``.
 
@@ -120,10 +98,16 @@ class MliapComm(Comm):
         self.exchange = exchange
 
     def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
-        return _ForwardExchange.apply(src, self.data) if self.exchange else src
+        return with_adjoint(src, self._forward, self._reverse) if self.exchange else src
 
     def reverse_exchange(self, src: torch.Tensor) -> torch.Tensor:
-        return _ReverseExchange.apply(src, self.data) if self.exchange else src
+        return with_adjoint(src, self._reverse, self._forward) if self.exchange else src
+
+    def _forward(self, src: torch.Tensor) -> torch.Tensor:
+        return _exchanged(self.data.forward_exchange, src)
+
+    def _reverse(self, src: torch.Tensor) -> torch.Tensor:
+        return _exchanged(self.data.reverse_exchange, src)
 
     def allreduce(self, x: torch.Tensor) -> torch.Tensor:
         raise RuntimeError(
