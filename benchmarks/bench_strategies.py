@@ -102,8 +102,9 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", choices=("mace", "mpnn"), default="mace")
     parser.add_argument("--dtype", default="float64")
     parser.add_argument("--device", default="cpu")
@@ -135,33 +136,62 @@ def main(argv: list[str] | None = None) -> int:
                 for strategy in ("exchange", "shell"):
                     steps, shares = [], []
                     for _ in range(args.repeats):
-                        cmd = [str(mpirun), "-np", str(ranks), sys.executable, __file__,
-                               "--worker", "--data", str(data), "--model-file", str(model_file),
-                               "--strategy", strategy, "--device", args.device,
-                               "--steps", str(args.steps), "--warmup", str(args.warmup)]
+                        cmd = [
+                            str(mpirun),
+                            "-np",
+                            str(ranks),
+                            sys.executable,
+                            __file__,
+                            "--worker",
+                            "--data",
+                            str(data),
+                            "--model-file",
+                            str(model_file),
+                            "--strategy",
+                            strategy,
+                            "--device",
+                            args.device,
+                            "--steps",
+                            str(args.steps),
+                            "--warmup",
+                            str(args.warmup),
+                        ]
                         # liblammps needs the MPICH wheel's libmpi.so.12 (in <env>/lib)
                         libdir = str(Path(sys.executable).parent.parent / "lib")
                         ld_path = os.environ.get("LD_LIBRARY_PATH", "")
-                        env = {"OMP_NUM_THREADS": str(args.threads),
-                               "LD_LIBRARY_PATH": f"{libdir}:{ld_path}" if ld_path else libdir}
+                        env = {
+                            "OMP_NUM_THREADS": str(args.threads),
+                            "LD_LIBRARY_PATH": f"{libdir}:{ld_path}" if ld_path else libdir,
+                        }
                         run = run_command(cmd, tmp, timeout=3000, env=env)
                         if run.returncode != 0:
                             raise RuntimeError(run.output[-3000:])
-                        ranks_out = [json.loads((tmp / f"rank{r}.json").read_text())
-                                     for r in range(ranks)]
+                        ranks_out = [
+                            json.loads((tmp / f"rank{r}.json").read_text()) for r in range(ranks)
+                        ]
                         seconds = max(r["seconds"] for r in ranks_out)
                         steps.append(1e3 * seconds / args.steps)
                         shares.append(max(r["exchange"] for r in ranks_out) / seconds)
                     row[f"{strategy}_ms"] = statistics.median(steps)
                     row[f"{strategy}_exchange_share"] = statistics.median(shares)
                 rows.append(row)
-                print(f"{args.model} {natoms:7d} atoms {ranks} ranks: exchange "
-                      f"{row['exchange_ms']:9.1f} ms/step ({100 * row['exchange_exchange_share']:.1f}% "
-                      f"in exchanges), shell {row['shell_ms']:9.1f} ms/step", flush=True)
+                print(
+                    f"{args.model} {natoms:7d} atoms {ranks} ranks: exchange "
+                    f"{row['exchange_ms']:9.1f} ms/step ({100 * row['exchange_exchange_share']:.1f}% "
+                    f"in exchanges), shell {row['shell_ms']:9.1f} ms/step",
+                    flush=True,
+                )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"bench_strategies_{args.model}.json").write_text(json.dumps(
-        {"args": {k: str(v) for k, v in vars(args).items()}, "cpus": os.cpu_count(),
-         "rows": rows}, indent=2))
+    (args.out / f"bench_strategies_{args.model}.json").write_text(
+        json.dumps(
+            {
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "cpus": os.cpu_count(),
+                "rows": rows,
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

@@ -105,34 +105,58 @@ def main(argv: list[str] | None = None) -> int:
                 results = {}
                 for ranks in args.ranks:
                     for device in ("cpu", "cuda"):
-                        runs = [run(model, data, device, ranks, args.steps,
-                                    tmp / f"{name}-{cells}-{ranks}-{device}-{k}")
-                                for k in range(args.repeats)]
+                        runs = [
+                            run(
+                                model,
+                                data,
+                                device,
+                                ranks,
+                                args.steps,
+                                tmp / f"{name}-{cells}-{ranks}-{device}-{k}",
+                            )
+                            for k in range(args.repeats)
+                        ]
                         runs[0]["ms_per_step"] = statistics.median(r["ms_per_step"] for r in runs)
                         results[ranks, device] = runs[0]
                 base = results[args.ranks[0], "cuda"]
                 for ranks in args.ranks:
                     cpu, gpu = results[ranks, "cpu"], results[ranks, "cuda"]
                     row = {
-                        "model": name, "atoms": 4 * cells**3, "ranks": ranks,
-                        "cpu_ms": cpu["ms_per_step"], "gpu_ms": gpu["ms_per_step"],
+                        "model": name,
+                        "atoms": 4 * cells**3,
+                        "ranks": ranks,
+                        "cpu_ms": cpu["ms_per_step"],
+                        "gpu_ms": gpu["ms_per_step"],
                         "gpu_vs_cpu_force": rel(gpu, cpu),
                         "ranks_vs_1_force": rel(gpu, base),
                         "gpu_vs_cpu_energy": abs(gpu["pe"] - cpu["pe"]) / abs(cpu["pe"]),
                     }
-                    failed |= max(row["gpu_vs_cpu_force"], row["ranks_vs_1_force"],
-                                  row["gpu_vs_cpu_energy"]) > 1e-10
+                    failed |= (
+                        max(
+                            row["gpu_vs_cpu_force"],
+                            row["ranks_vs_1_force"],
+                            row["gpu_vs_cpu_energy"],
+                        )
+                        > 1e-10
+                    )
                     rows.append(row)
-    print(f"{'model':6} {'atoms':>7} {'ranks':>5} {'cpu ms/step':>12} {'gpu ms/step':>12} "
-          f"{'dF gpu-cpu':>11} {'dF np-1':>9} {'dE gpu-cpu':>11}")
+    print(
+        f"{'model':6} {'atoms':>7} {'ranks':>5} {'cpu ms/step':>12} {'gpu ms/step':>12} "
+        f"{'dF gpu-cpu':>11} {'dF np-1':>9} {'dE gpu-cpu':>11}"
+    )
     for r in rows:
-        print(f"{r['model']:6} {r['atoms']:7d} {r['ranks']:5d} {r['cpu_ms']:12.2f} "
-              f"{r['gpu_ms']:12.2f} {r['gpu_vs_cpu_force']:11.1e} {r['ranks_vs_1_force']:9.1e} "
-              f"{r['gpu_vs_cpu_energy']:11.1e}")
+        print(
+            f"{r['model']:6} {r['atoms']:7d} {r['ranks']:5d} {r['cpu_ms']:12.2f} "
+            f"{r['gpu_ms']:12.2f} {r['gpu_vs_cpu_force']:11.1e} {r['ranks_vs_1_force']:9.1e} "
+            f"{r['gpu_vs_cpu_energy']:11.1e}"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_check.json").write_text(json.dumps(
-        {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows},
-        indent=2))
+    (args.out / "gpu_check.json").write_text(
+        json.dumps(
+            {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows},
+            indent=2,
+        )
+    )
     print("FAIL" if failed else "PASS")
     return 1 if failed else 0
 

@@ -46,7 +46,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from mliap_standin import (  # noqa: E402
+from mliap_standin import (
     CpuData,
     KokkosData,
     KokkosExchangeData,
@@ -55,8 +55,8 @@ from mliap_standin import (  # noqa: E402
     SelfExchange,
 )
 
-from nvalchemi_lammps import LennardJones, MessagePassing, save_model  # noqa: E402
-from nvalchemi_lammps.frontends import mliap as mliap_frontend  # noqa: E402
+from nvalchemi_lammps import LennardJones, MessagePassing, save_model
+from nvalchemi_lammps.frontends import mliap as mliap_frontend
 
 FCC = np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.5]])
 LATTICE = 4.1
@@ -82,8 +82,14 @@ def periodic_rank(cells: int, cutoff: float, seed: int = 0) -> tuple[RankArrays,
     x = x + rng.normal(0.0, 0.1, x.shape)
     n = len(x)
     reach = math.ceil(cutoff / length)
-    shifts = np.array([[a, b, c] for a in range(-reach, reach + 1)
-                       for b in range(-reach, reach + 1) for c in range(-reach, reach + 1)])
+    shifts = np.array(
+        [
+            [a, b, c]
+            for a in range(-reach, reach + 1)
+            for b in range(-reach, reach + 1)
+            for c in range(-reach, reach + 1)
+        ]
+    )
     pair_i, pair_j, rij, owner = [], [], [], list(range(n))
     ghost_row: dict[tuple[int, int], int] = {}
     for s, shift in enumerate(shifts):
@@ -109,8 +115,9 @@ def periodic_rank(cells: int, cutoff: float, seed: int = 0) -> tuple[RankArrays,
     order = np.argsort(order_i, kind="stable")  # ML-IAP's pairs come grouped by receiver
     owner_row = np.array(owner, dtype=np.int64)
     species = (rng.random(n) < 0.4).astype(np.int64)[owner_row]
-    arrays = RankArrays.of(n, species, order_i[order], np.concatenate(pair_j)[order],
-                           np.concatenate(rij)[order])
+    arrays = RankArrays.of(
+        n, species, order_i[order], np.concatenate(pair_j)[order], np.concatenate(rij)[order]
+    )
     return arrays, owner_row
 
 
@@ -124,14 +131,14 @@ def _relative(got, ref) -> float:
 def _no_bulk_host_copies(cp) -> Iterator[list[str]]:
     """Calls that copy arrays to the host raise while the block runs."""
     called: list[str] = []
-    saved = [(torch.Tensor, "cpu"), (torch.Tensor, "numpy"), (cp, "asnumpy"),
-             (cp.ndarray, "get")]
+    saved = [(torch.Tensor, "cpu"), (torch.Tensor, "numpy"), (cp, "asnumpy"), (cp.ndarray, "get")]
     originals = [getattr(owner, name) for owner, name in saved]
 
     def refuse(label: str) -> Callable:
         def refused(*args, **kwargs):
             called.append(label)
             raise RuntimeError(f"{label} called in the hot path")
+
         return refused
 
     try:
@@ -175,8 +182,16 @@ def _spin_kernel(cp):
     )
 
 
-def check_model(name: str, path: Path, arrays: RankArrays, owner_row: np.ndarray,
-                exchange: bool, tol: float, repeats: int, cp) -> list[Row]:
+def check_model(
+    name: str,
+    path: Path,
+    arrays: RankArrays,
+    owner_row: np.ndarray,
+    exchange: bool,
+    tol: float,
+    repeats: int,
+    cp,
+) -> list[Row]:
     rows: list[Row] = []
     stream = cp.cuda.Stream(non_blocking=True)  # LAMMPS's (Kokkos's) own stream
 
@@ -197,15 +212,22 @@ def check_model(name: str, path: Path, arrays: RankArrays, owner_row: np.ndarray
     gpu_state = PairState(arrays, xp=cp, stream=stream)
     if exchange:
         gpu_data = KokkosExchangeData(
-            gpu_state, SelfExchange(arrays.nlocal, owner_row, xp=cp), dev=1)
+            gpu_state, SelfExchange(arrays.nlocal, owner_row, xp=cp), dev=1
+        )
     else:
         gpu_data = KokkosData(gpu_state, dev=1)
     handed = []
     update = gpu_data.update_pair_forces_gpu
 
     def recording_update(fij):
-        handed.append((type(fij).__name__, str(getattr(fij, "dtype", "?")),
-                       str(getattr(fij, "device", "?")), bool(fij.is_contiguous())))
+        handed.append(
+            (
+                type(fij).__name__,
+                str(getattr(fij, "dtype", "?")),
+                str(getattr(fij, "device", "?")),
+                bool(fij.is_contiguous()),
+            )
+        )
         update(fij)
 
     gpu_data.update_pair_forces_gpu = recording_update
@@ -215,8 +237,9 @@ def check_model(name: str, path: Path, arrays: RankArrays, owner_row: np.ndarray
 
     rij = torch.as_tensor(gpu_data.rij)
     zero_copy = rij.is_cuda and rij.data_ptr() == gpu_state.rij.data.ptr
-    rows.append(Row(name, "zero-copy inputs", zero_copy,
-                    f"rij on {rij.device}, same pointer: {zero_copy}"))
+    rows.append(
+        Row(name, "zero-copy inputs", zero_copy, f"rij on {rij.device}, same pointer: {zero_copy}")
+    )
 
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -230,8 +253,14 @@ def check_model(name: str, path: Path, arrays: RankArrays, owner_row: np.ndarray
         "eatoms": _relative(gpu_state.eatoms.get(), cpu_state.eatoms),
         "fij": _relative(gpu_state.fij.get(), cpu_state.fij),
     }
-    rows.append(Row(name, f"equals CPU path (<= {tol:g})", max(diffs.values()) <= tol,
-                    ", ".join(f"{k} {v:.1e}" for k, v in diffs.items())))
+    rows.append(
+        Row(
+            name,
+            f"equals CPU path (<= {tol:g})",
+            max(diffs.values()) <= tol,
+            ", ".join(f"{k} {v:.1e}" for k, v in diffs.items()),
+        )
+    )
     kind = handed[-1] if handed else None
     ok = kind is not None and kind[1] == "torch.float64" and "cuda" in kind[2] and kind[3]
     rows.append(Row(name, "fij contiguous float64 on GPU", ok, f"{kind}"))
@@ -252,10 +281,15 @@ def check_model(name: str, path: Path, arrays: RankArrays, owner_row: np.ndarray
     # device-to-device copies stay on the GPU; only host <-> device copies count
     across = [c for c in copies if "DtoH" in c[0] or "HtoD" in c[0]]
     bulk = [c for c in across if c[1] < 0 or c[1] > SCALAR_BYTES]
-    rows.append(Row(name, "no host round trip", not bulk and not called and not error,
-                    f"{len(across)} host<->device memcpy "
-                    f"({', '.join(f'{n} {b} B' for n, b in across)})"
-                    + (f"; {error}" if error else "")))
+    rows.append(
+        Row(
+            name,
+            "no host round trip",
+            not bulk and not called and not error,
+            f"{len(across)} host<->device memcpy "
+            f"({', '.join(f'{n} {b} B' for n, b in across)})" + (f"; {error}" if error else ""),
+        )
+    )
 
     # LAMMPS writes rij on its own stream behind a busy kernel, then calls the model
     spin = _spin_kernel(cp)
@@ -278,10 +312,22 @@ def check_model(name: str, path: Path, arrays: RankArrays, owner_row: np.ndarray
         control = late_write()
     finally:
         mliap_frontend._fence = fence
-    rows.append(Row(name, "waits for Kokkos's stream", late <= tol,
-                    f"fij after a late write: {late:.1e} (without the waits: {control:.1e})"))
-    rows.append(Row(name, "time per call (info)", True,
-                    f"GPU {gpu_ms:.2f} ms, CPU {cpu_ms:.2f} ms, {arrays.npairs} pairs"))
+    rows.append(
+        Row(
+            name,
+            "waits for Kokkos's stream",
+            late <= tol,
+            f"fij after a late write: {late:.1e} (without the waits: {control:.1e})",
+        )
+    )
+    rows.append(
+        Row(
+            name,
+            "time per call (info)",
+            True,
+            f"GPU {gpu_ms:.2f} ms, CPU {cpu_ms:.2f} ms, {arrays.npairs} pairs",
+        )
+    )
     return rows
 
 
@@ -310,12 +356,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     elements = ["Ar", "Ne"]
-    lj = dict(elements=elements, epsilon={"Ar": 0.0104, "Ne": 0.0031},
-              sigma={"Ar": 3.40, "Ne": 2.75}, cutoff=6.0)
+    lj = dict(
+        elements=elements,
+        epsilon={"Ar": 0.0104, "Ne": 0.0031},
+        sigma={"Ar": 3.40, "Ne": 2.75},
+        cutoff=6.0,
+    )
     cases = [
         ("lj", LennardJones(**lj), False, 1e-12),
-        ("message_passing", MessagePassing(elements, cutoff=5.0, layers=3, features=16), True,
-         1e-12),
+        (
+            "message_passing",
+            MessagePassing(elements, cutoff=5.0, layers=3, features=16),
+            True,
+            1e-12,
+        ),
         ("lj float32", LennardJones(**lj, dtype="float32"), False, 1e-5),
     ]
     rows: list[Row] = []
@@ -329,8 +383,10 @@ def main(argv: list[str] | None = None) -> int:
             arrays, owner_row = periodic_rank(args.cells, potential.spec.cutoff)
             rows += check_model(name, path, arrays, owner_row, exchange, tol, args.repeats, cp)
 
-    print(f"ML-IAP GPU check on {torch.cuda.get_device_name()} (torch {torch.__version__}, "
-          f"cupy {cp.__version__}, {4 * args.cells**3} atoms)")
+    print(
+        f"ML-IAP GPU check on {torch.cuda.get_device_name()} (torch {torch.__version__}, "
+        f"cupy {cp.__version__}, {4 * args.cells**3} atoms)"
+    )
     width = max(len(r.check) for r in rows)
     print(f"{'model':16s} {'check':{width}s} result  detail")
     for r in rows:

@@ -35,7 +35,23 @@ _EXPORTS = {
     "Potential": ".potentials",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "Comm",
+    "Evaluation",
+    "FORMAT_VERSION",
+    "LennardJones",
+    "LocalGraph",
+    "Mace",
+    "MessagePassing",
+    "ModelFileError",
+    "ModelSpec",
+    "NoOpComm",
+    "Potential",
+    "evaluate",
+    "load_model",
+    "map_elements",
+    "save_model",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -20,7 +20,5 @@ def map_elements(names: list[str], model_elements: tuple[str, ...] | list[str]) 
         elif name in index:
             mapped.append(index[name])
         else:
-            raise ValueError(
-                f"element {name} not in model ({', '.join(model_elements)})"
-            )
+            raise ValueError(f"element {name} not in model ({', '.join(model_elements)})")
     return mapped

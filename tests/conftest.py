@@ -5,7 +5,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-
 from lammps_helpers import (
     AR_EPSILON,
     AR_EPSILON_REAL,
@@ -20,7 +19,9 @@ from lammps_helpers import (
     NE_NE_CUTOFF,
     NE_SIGMA,
 )
+
 from nvalchemi_lammps.lammps_run import run_lammps
+
 
 @pytest.fixture(scope="session")
 def argon_data(tmp_path_factory) -> Path:

@@ -133,8 +133,15 @@ class PairState:
         if self.vflag:  # PairMLIAP::v_tally
             r = self.rij
             v = -xp.stack(
-                [r[:, 0] * fij[:, 0], r[:, 1] * fij[:, 1], r[:, 2] * fij[:, 2],
-                 r[:, 0] * fij[:, 1], r[:, 0] * fij[:, 2], r[:, 1] * fij[:, 2]], axis=1
+                [
+                    r[:, 0] * fij[:, 0],
+                    r[:, 1] * fij[:, 1],
+                    r[:, 2] * fij[:, 2],
+                    r[:, 0] * fij[:, 1],
+                    r[:, 0] * fij[:, 2],
+                    r[:, 1] * fij[:, 2],
+                ],
+                axis=1,
             )
             if self.vflag_global:
                 self.virial += _host(v.sum(axis=0))

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from lammps_helpers import (
-    ARGON_ATOMS,
     AR_EPSILON,
     AR_EPSILON_REAL,
     AR_MASS,
@@ -24,6 +23,7 @@ from lammps_helpers import (
     AR_NE_EPSILON,
     AR_NE_SIGMA,
     AR_SIGMA,
+    ARGON_ATOMS,
     CUTOFF,
     GLOBAL,
     NE_EPSILON,

@@ -49,8 +49,10 @@ class Structure:
 
 def _fcc(cells: tuple[int, int, int], cell: np.ndarray, seed: int) -> tuple:
     rng = np.random.default_rng(seed)
-    grid = np.array([[i, j, k] for i in range(cells[0]) for j in range(cells[1])
-                     for k in range(cells[2])], dtype=np.float64)
+    grid = np.array(
+        [[i, j, k] for i in range(cells[0]) for j in range(cells[1]) for k in range(cells[2])],
+        dtype=np.float64,
+    )
     frac = (grid[:, None, :] + FCC[None, :, :]).reshape(-1, 3) / np.array(cells)
     positions = frac @ cell + rng.normal(0.0, 0.1, size=frac.shape)
     species = (rng.random(len(frac)) < 0.4).astype(np.int64)
@@ -68,11 +70,17 @@ def _structures() -> list[Structure]:
     return [
         Structure("bulk", *bulk, processors={}),
         # 4 slabs of 3.75 Angstrom along x, thinner than r_max
-        Structure("thin-subdomains", *bulk, processors={2: "processors 2 1 1",
-                                                        4: "processors 4 1 1"}),
+        Structure(
+            "thin-subdomains", *bulk, processors={2: "processors 2 1 1", 4: "processors 4 1 1"}
+        ),
         Structure("triclinic-self-images", *tric, processors={}),
-        Structure("empty-ranks", slab[0], slab_cell, slab[2],
-                  processors={2: "processors 1 1 2", 4: "processors 1 1 4"}),
+        Structure(
+            "empty-ranks",
+            slab[0],
+            slab_cell,
+            slab[2],
+            processors={2: "processors 1 1 2", 4: "processors 1 1 4"},
+        ),
     ]
 
 
@@ -130,17 +138,20 @@ def comparison_script(structure: Structure, data: Path, model: Path, nprocs: int
 @pytest.mark.parametrize("structure", STRUCTURES.values(), ids=STRUCTURES.keys())
 def test_mace_equals_reference(structure, nprocs, model, tmp_path):
     potential, path = model
-    ref = evaluate_reference(potential, structure.positions, structure.cell,
-                             (True, True, True), structure.species)
+    ref = evaluate_reference(
+        potential, structure.positions, structure.cell, (True, True, True), structure.species
+    )
     volume = abs(np.linalg.det(structure.cell))
     pressure = ref.pressure(volume, units="metal")
-    ref_pressure = np.array([pressure[a, b] for a, b in
-                             ((0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2))])
+    ref_pressure = np.array(
+        [pressure[a, b] for a, b in ((0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2))]
+    )
     # compute stress/atom reports -nktv2p x the per-atom virial (no velocities here)
     ref_stress = -NKTV2P["metal"] * ref.atom_virials
 
-    data = write_lammps_data(tmp_path / "system.data", structure.positions, structure.cell,
-                             structure.species + 1, MASSES)
+    data = write_lammps_data(
+        tmp_path / "system.data", structure.positions, structure.cell, structure.species + 1, MASSES
+    )
     script = comparison_script(structure, data, path, nprocs)
     run = run_lammps(script, nprocs, tmp_path, timeout=600).check()
     if structure.id == "empty-ranks" and nprocs > 1:
@@ -153,25 +164,37 @@ def test_mace_equals_reference(structure, nprocs, model, tmp_path):
         np.testing.assert_array_equal(atoms["id"], np.arange(1, len(ref.forces) + 1))
         glob = read_results(run.output, strategy.upper())
         got[strategy] = atoms, glob
-        assert_all_close(f"mace/{structure.id}/{strategy}/np{nprocs}", {
-            "energy": (np.array([glob["pe"]]), np.array([ref.energy])),
-            "energy_per_atom": (atoms["c_pe"], ref.atom_energies),
-            "force": (np.stack([atoms[c] for c in ("fx", "fy", "fz")], axis=1), ref.forces),
-            "pressure": (np.array([glob[p] for p in PRESSURE]), ref_pressure),
-            "stress_per_atom": (
-                np.stack([atoms[f"c_stress[{k}]"] for k in range(1, 7)], axis=1), ref_stress
-            ),
-        })
+        assert_all_close(
+            f"mace/{structure.id}/{strategy}/np{nprocs}",
+            {
+                "energy": (np.array([glob["pe"]]), np.array([ref.energy])),
+                "energy_per_atom": (atoms["c_pe"], ref.atom_energies),
+                "force": (np.stack([atoms[c] for c in ("fx", "fy", "fz")], axis=1), ref.forces),
+                "pressure": (np.array([glob[p] for p in PRESSURE]), ref_pressure),
+                "stress_per_atom": (
+                    np.stack([atoms[f"c_stress[{k}]"] for k in range(1, 7)], axis=1),
+                    ref_stress,
+                ),
+            },
+        )
 
     (ex_atoms, ex_glob), (sh_atoms, sh_glob) = got["exchange"], got["shell"]
-    assert_all_close(f"mace/{structure.id}/exchange-vs-shell/np{nprocs}", {
-        "energy": (np.array([ex_glob["pe"]]), np.array([sh_glob["pe"]])),
-        "energy_per_atom": (ex_atoms["c_pe"], sh_atoms["c_pe"]),
-        "force": (np.stack([ex_atoms[c] for c in ("fx", "fy", "fz")], axis=1),
-                  np.stack([sh_atoms[c] for c in ("fx", "fy", "fz")], axis=1)),
-        "pressure": (np.array([ex_glob[p] for p in PRESSURE]),
-                     np.array([sh_glob[p] for p in PRESSURE])),
-    }, tol=1e-12)
+    assert_all_close(
+        f"mace/{structure.id}/exchange-vs-shell/np{nprocs}",
+        {
+            "energy": (np.array([ex_glob["pe"]]), np.array([sh_glob["pe"]])),
+            "energy_per_atom": (ex_atoms["c_pe"], sh_atoms["c_pe"]),
+            "force": (
+                np.stack([ex_atoms[c] for c in ("fx", "fy", "fz")], axis=1),
+                np.stack([sh_atoms[c] for c in ("fx", "fy", "fz")], axis=1),
+            ),
+            "pressure": (
+                np.array([ex_glob[p] for p in PRESSURE]),
+                np.array([sh_glob[p] for p in PRESSURE]),
+            ),
+        },
+        tol=1e-12,
+    )
 
 
 # --- dynamics ------------------------------------------------------------------------------
@@ -221,15 +244,19 @@ def test_nve_drift_two_ranks_like_one(model, tmp_path):
     for nprocs in (1, 2):
         workdir = tmp_path / f"np{nprocs}"
         workdir.mkdir()
-        data = write_lammps_data(workdir / "system.data", bulk.positions, bulk.cell,
-                                 bulk.species + 1, MASSES)
+        data = write_lammps_data(
+            workdir / "system.data", bulk.positions, bulk.cell, bulk.species + 1, MASSES
+        )
         run = run_lammps(nve_script(data, path), nprocs, workdir, timeout=600).check()
         steps, etotal, _kinetic = np.loadtxt(workdir / "energy.txt", comments="#", unpack=True)
         assert steps[0] == 0 and steps[-1] == NVE_STEPS
         energies[nprocs] = etotal
         if nprocs == 2:
-            builds = [int(line.split()[-1]) for line in run.output.splitlines()
-                      if line.startswith("Neighbor list builds")]
+            builds = [
+                int(line.split()[-1])
+                for line in run.output.splitlines()
+                if line.startswith("Neighbor list builds")
+            ]
             assert builds and builds[-1] >= 5, builds
     one, two = energies[1], energies[2]
     drift_one = float(np.max(np.abs(one - one[0])))
@@ -237,8 +264,9 @@ def test_nve_drift_two_ranks_like_one(model, tmp_path):
     tolerance = 1e-10 * abs(one[0])
     MEASURED.append(("mace/nve", "drift_np1_eV", drift_one))
     MEASURED.append(("mace/nve", "drift_np2_eV", drift_two))
-    MEASURED.append(("mace/nve", "max|E_np2-E_np1|/|E0|", float(np.max(np.abs(two - one)))
-                     / abs(one[0])))
+    MEASURED.append(
+        ("mace/nve", "max|E_np2-E_np1|/|E0|", float(np.max(np.abs(two - one))) / abs(one[0]))
+    )
     assert drift_one > 100 * tolerance, "the energy barely moves: nothing to compare"
     assert drift_two <= 1.1 * drift_one + tolerance, (drift_one, drift_two)
     assert float(np.max(np.abs(two - one))) <= tolerance, np.max(np.abs(two - one))

@@ -41,8 +41,10 @@ class Structure:
 
 def _fcc(cells: tuple[int, int, int], a: float, seed: int, cell_shape=None) -> tuple:
     rng = np.random.default_rng(seed)
-    grid = np.array([[i, j, k] for i in range(cells[0]) for j in range(cells[1])
-                     for k in range(cells[2])], dtype=np.float64)
+    grid = np.array(
+        [[i, j, k] for i in range(cells[0]) for j in range(cells[1]) for k in range(cells[2])],
+        dtype=np.float64,
+    )
     frac = (grid[:, None, :] + FCC[None, :, :]).reshape(-1, 3) / np.array(cells)
     cell = np.diag(np.array(cells, dtype=np.float64) * a) if cell_shape is None else cell_shape
     positions = frac @ cell + rng.normal(0.0, 0.12, size=frac.shape)
@@ -66,8 +68,13 @@ def _structures() -> list[Structure]:
         Structure("bulk", *bulk, processors={}),
         Structure("thin-subdomains", *thin, processors={4: "processors 4 1 1"}),
         Structure("triclinic-self-images", *tric, processors={}),
-        Structure("empty-ranks", slab_pos, slab_cell, slab_species,
-                  processors={2: "processors 1 1 2", 4: "processors 1 1 4"}),
+        Structure(
+            "empty-ranks",
+            slab_pos,
+            slab_cell,
+            slab_species,
+            processors={2: "processors 1 1 2", 4: "processors 1 1 4"},
+        ),
     ]
 
 
@@ -83,8 +90,9 @@ def model(tmp_path_factory) -> tuple[MessagePassing, Path]:
 
 def _run(structure: Structure, model_path: Path, nprocs: int, strategy: str, workdir: Path):
     workdir.mkdir(parents=True, exist_ok=True)
-    data = write_lammps_data(workdir / "system.data", structure.positions, structure.cell,
-                             structure.species + 1, MASSES)
+    data = write_lammps_data(
+        workdir / "system.data", structure.positions, structure.cell, structure.species + 1, MASSES
+    )
     script = textwrap.dedent(
         f"""\
         units metal
@@ -110,12 +118,21 @@ def _run(structure: Structure, model_path: Path, nprocs: int, strategy: str, wor
 @pytest.mark.parametrize("structure", STRUCTURES.values(), ids=STRUCTURES.keys())
 def test_message_passing_equals_reference(structure, nprocs, model, tmp_path):
     potential, path = model
-    ref = evaluate_reference(potential, structure.positions, structure.cell,
-                             (True, True, True), structure.species)
+    ref = evaluate_reference(
+        potential, structure.positions, structure.cell, (True, True, True), structure.species
+    )
     volume = abs(np.linalg.det(structure.cell))
     pressure = ref.pressure(volume, units="metal")
-    ref_pressure = np.array([pressure[0, 0], pressure[1, 1], pressure[2, 2],
-                             pressure[0, 1], pressure[0, 2], pressure[1, 2]])
+    ref_pressure = np.array(
+        [
+            pressure[0, 0],
+            pressure[1, 1],
+            pressure[2, 2],
+            pressure[0, 1],
+            pressure[0, 2],
+            pressure[1, 2],
+        ]
+    )
     # compute stress/atom reports -nktv2p x per-atom virial (no velocities here)
     ref_stress = -NKTV2P["metal"] * ref.atom_virials
 
@@ -127,20 +144,30 @@ def test_message_passing_equals_reference(structure, nprocs, model, tmp_path):
             assert owned and owned[-1][0] == 0, f"no rank was left without atoms: {owned}"
         results[strategy] = (atoms, glob)
         label = f"mpnn/{structure.id}/{strategy}/np{nprocs}"
-        assert_all_close(label, {
-            "energy": (np.array([glob["pe"]]), np.array([ref.energy])),
-            "energy_per_atom": (atoms["c_pe"], ref.atom_energies),
-            "force": (np.stack([atoms["fx"], atoms["fy"], atoms["fz"]], axis=1), ref.forces),
-            "pressure": (np.array([glob[p] for p in PRESSURE]), ref_pressure),
-            "stress_per_atom": (
-                np.stack([atoms[f"c_stress[{k}]"] for k in range(1, 7)], axis=1), ref_stress
-            ),
-        })
+        assert_all_close(
+            label,
+            {
+                "energy": (np.array([glob["pe"]]), np.array([ref.energy])),
+                "energy_per_atom": (atoms["c_pe"], ref.atom_energies),
+                "force": (np.stack([atoms["fx"], atoms["fy"], atoms["fz"]], axis=1), ref.forces),
+                "pressure": (np.array([glob[p] for p in PRESSURE]), ref_pressure),
+                "stress_per_atom": (
+                    np.stack([atoms[f"c_stress[{k}]"] for k in range(1, 7)], axis=1),
+                    ref_stress,
+                ),
+            },
+        )
 
     (ex_atoms, ex_glob), (sh_atoms, sh_glob) = results["exchange"], results["shell"]
-    assert_all_close(f"mpnn/{structure.id}/exchange-vs-shell/np{nprocs}", {
-        "energy": (np.array([ex_glob["pe"]]), np.array([sh_glob["pe"]])),
-        "force": (np.stack([ex_atoms[c] for c in ("fx", "fy", "fz")], axis=1),
-                  np.stack([sh_atoms[c] for c in ("fx", "fy", "fz")], axis=1)),
-        "energy_per_atom": (ex_atoms["c_pe"], sh_atoms["c_pe"]),
-    }, tol=1e-12)
+    assert_all_close(
+        f"mpnn/{structure.id}/exchange-vs-shell/np{nprocs}",
+        {
+            "energy": (np.array([ex_glob["pe"]]), np.array([sh_glob["pe"]])),
+            "force": (
+                np.stack([ex_atoms[c] for c in ("fx", "fy", "fz")], axis=1),
+                np.stack([sh_atoms[c] for c in ("fx", "fy", "fz")], axis=1),
+            ),
+            "energy_per_atom": (ex_atoms["c_pe"], sh_atoms["c_pe"]),
+        },
+        tol=1e-12,
+    )

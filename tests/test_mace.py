@@ -61,8 +61,7 @@ def fcc_ar_kr() -> System:
     frac = (FCC[None, :, :] + shifts[:, None, :]).reshape(-1, 3) / 2.0
     cell = 10.0 * np.eye(3)
     species = np.random.default_rng(11).integers(0, 2, size=len(frac)).astype(np.int64)
-    return System("fcc_ar_kr", _rattled(frac, cell, 0.15, 10), cell, (True,) * 3, species,
-                  ELEMENTS)
+    return System("fcc_ar_kr", _rattled(frac, cell, 0.15, 10), cell, (True,) * 3, species, ELEMENTS)
 
 
 def triclinic_ar_kr() -> System:
@@ -70,8 +69,14 @@ def triclinic_ar_kr() -> System:
     their own periodic images."""
     cell = np.array([[3.7, 0.0, 0.0], [1.2, 4.4, 0.0], [-0.9, 1.1, 5.2]])
     frac = np.array([[0.0, 0.0, 0.0], [0.5, 0.4, 0.3], [0.1, 0.6, 0.7]])
-    return System("triclinic_ar_kr", _rattled(frac, cell, 0.1, 12), cell, (True,) * 3,
-                  np.array([0, 1, 1]), ELEMENTS)
+    return System(
+        "triclinic_ar_kr",
+        _rattled(frac, cell, 0.1, 12),
+        cell,
+        (True,) * 3,
+        np.array([0, 1, 1]),
+        ELEMENTS,
+    )
 
 
 def slab_ar_kr() -> System:
@@ -80,8 +85,9 @@ def slab_ar_kr() -> System:
     grid = np.array([[a, b, c] for a in (0, 1) for b in (0, 1) for c in (0, 1)], float)
     frac = np.concatenate([grid / 2.0, grid / 2.0 + 0.25])
     species = np.random.default_rng(13).integers(0, 2, size=len(frac)).astype(np.int64)
-    return System("slab_ar_kr", _rattled(frac, cell, 0.1, 14), cell, (True, True, False),
-                  species, ELEMENTS)
+    return System(
+        "slab_ar_kr", _rattled(frac, cell, 0.1, 14), cell, (True, True, False), species, ELEMENTS
+    )
 
 
 SYSTEMS = [fcc_ar_kr(), triclinic_ar_kr(), slab_ar_kr()]
@@ -146,8 +152,7 @@ def _relative(got, ref) -> float:
 
 
 def _reference(potential: Mace, system: System):
-    return evaluate_reference(potential, system.positions, system.cell, system.pbc,
-                              system.species)
+    return evaluate_reference(potential, system.positions, system.cell, system.pbc, system.species)
 
 
 # --- (a) the potential = mace-torch's forward --------------------------------------------
@@ -198,25 +203,30 @@ def _options():
     from e3nn import o3
 
     mm = mace_module._mace()
-    two_heads = {"heads": ["pt_head", "Default"],
-                     "atomic_energies": np.array([[-0.5, -0.7], [-0.4, -0.9]]),
-                     "atomic_inter_scale": np.array([1.3, 0.9]),
-                     "atomic_inter_shift": np.array([0.1, -0.2])}
+    two_heads = {
+        "heads": ["pt_head", "Default"],
+        "atomic_energies": np.array([[-0.5, -0.7], [-0.4, -0.9]]),
+        "atomic_inter_scale": np.array([1.3, 0.9]),
+        "atomic_inter_shift": np.array([0.1, -0.2]),
+    }
     return {
         "one_layer": ({"num_interactions": 1}, None),
         "two_heads-default": (two_heads, None),
         "two_heads-pt_head": (two_heads, "pt_head"),
         "agnesi-gaussian": ({"distance_transform": "Agnesi", "radial_type": "gaussian"}, None),
         "bias_readout-last_only": (
-            {"readout_cls": mm.NonLinearBiasReadoutBlock, "use_last_readout_only": True}, None
+            {"readout_cls": mm.NonLinearBiasReadoutBlock, "use_last_readout_only": True},
+            None,
         ),
         "keep_last_layer_irreps": ({"keep_last_layer_irreps": True}, None),
         "correlation_per_layer-chebyshev-tanh": (
-            {"correlation": [3, 2], "radial_type": "chebyshev", "gate": torch.tanh}, None
+            {"correlation": [3, 2], "radial_type": "chebyshev", "gate": torch.tanh},
+            None,
         ),
         "edge_irreps": ({"edge_irreps": o3.Irreps("4x0e+4x1o")}, None),
         "agnostic_product-no_cutoff": (
-            {"kind": "MACE", "use_agnostic_product": True, "apply_cutoff": False}, None
+            {"kind": "MACE", "use_agnostic_product": True, "apply_cutoff": False},
+            None,
         ),
     }
 
@@ -260,10 +270,14 @@ def test_edges_as_mace_sees_them(scale_shift):
 
     system = triclinic_ar_kr()
     edges = []
-    for network, run in ((potential.model, lambda: _reference(potential, system)),
-                         (model, lambda: mace_forward(model, system))):
-        hooks = [network.radial_embedding.register_forward_pre_hook(record, with_kwargs=True),
-                 network.spherical_harmonics.register_forward_pre_hook(vectors)]
+    for network, run in (
+        (potential.model, lambda: _reference(potential, system)),
+        (model, lambda: mace_forward(model, system)),
+    ):
+        hooks = [
+            network.radial_embedding.register_forward_pre_hook(record, with_kwargs=True),
+            network.spherical_harmonics.register_forward_pre_hook(vectors),
+        ]
         seen.clear()
         run()
         for hook in hooks:
@@ -378,11 +392,11 @@ def test_null_atoms_are_left_out(scale_shift):
     system = fcc_ar_kr()
     species = system.species.copy()
     species[5] = -1
-    with_null = evaluate_reference(potential, system.positions, system.cell, system.pbc,
-                                   species)
+    with_null = evaluate_reference(potential, system.positions, system.cell, system.pbc, species)
     keep = np.arange(system.natoms) != 5
-    without = evaluate_reference(potential, system.positions[keep], system.cell, system.pbc,
-                                 species[keep])
+    without = evaluate_reference(
+        potential, system.positions[keep], system.cell, system.pbc, species[keep]
+    )
     assert with_null.atom_energies[5] == 0.0 and not with_null.forces[5].any()
     assert _relative(with_null.atom_energies[keep], without.atom_energies) <= 1e-13
     assert _relative(with_null.forces[keep], without.forces) <= 1e-13
@@ -395,12 +409,24 @@ def test_no_pairs(scale_shift, nlocal, nghost):
     model, potential = scale_shift
     species = np.arange(nlocal + nghost) % 2
     none = torch.zeros(0, dtype=torch.int64)
-    result = evaluate(potential, nlocal, torch.from_numpy(species), none, none,
-                      torch.zeros(0, 3, dtype=torch.float64))
+    result = evaluate(
+        potential,
+        nlocal,
+        torch.from_numpy(species),
+        none,
+        none,
+        torch.zeros(0, 3, dtype=torch.float64),
+    )
     assert result.atom_energies.shape == (nlocal,) and result.pair_forces.shape == (0, 3)
     if nlocal:
-        far_apart = System("isolated", 10.0 * np.eye(3)[:nlocal], np.zeros((3, 3)),
-                           (False,) * 3, species[:nlocal], ELEMENTS)
+        far_apart = System(
+            "isolated",
+            10.0 * np.eye(3)[:nlocal],
+            np.zeros((3, 3)),
+            (False,) * 3,
+            species[:nlocal],
+            ELEMENTS,
+        )
         isolated = mace_forward(model, far_apart)["atom_energies"]
         assert _relative(result.atom_energies.numpy(), isolated) <= 1e-14
 
@@ -464,8 +490,9 @@ def test_export_from_checkpoint(scale_shift, tmp_path, capsys):
     with mace_module._quiet_torchscript():
         torch.save(model, tmp_path / "small.model")
     toml = tmp_path / "mace.toml"
-    toml.write_text(f'potential = "mace"\ncheckpoint = "{tmp_path / "small.model"}"\n'
-                    'dtype = "float32"\n')
+    toml.write_text(
+        f'potential = "mace"\ncheckpoint = "{tmp_path / "small.model"}"\ndtype = "float32"\n'
+    )
     assert export.main([str(toml), "-o", str(tmp_path / "mace.pt")]) == 0
     assert "wrote" in capsys.readouterr().out
     loaded = load_model(tmp_path / "mace.pt")
@@ -551,12 +578,15 @@ ERRORS = {
     ),
     "readout": (
         lambda config: Mace({**config["model"], "readout_cls": "LinearReadoutBlock"}),
-        ("unsupported MACE readout_cls LinearReadoutBlock "
-        "(supported: NonLinearReadoutBlock, NonLinearBiasReadoutBlock)"),
+        (
+            "unsupported MACE readout_cls LinearReadoutBlock "
+            "(supported: NonLinearReadoutBlock, NonLinearBiasReadoutBlock)"
+        ),
     ),
     "keys": (
-        lambda config: Mace({k: v for k, v in {**config["model"], "extra": 1}.items()
-                             if k != "gate"}),
+        lambda config: Mace(
+            {k: v for k, v in {**config["model"], "extra": 1}.items() if k != "gate"}
+        ),
         "MACE model configuration: unknown key(s) ['extra'], missing key(s) ['gate']",
     ),
 }

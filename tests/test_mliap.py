@@ -124,7 +124,10 @@ def plugin_world(path: Path, graphs: list[RankGraph], natoms: int) -> list[tuple
         energies, forces = np.full(g.nlocal, np.nan), np.full((len(g.pair_i), 3), np.nan)
         inputs = [np.ascontiguousarray(a) for a in (g.species, g.pair_i, g.pair_j, g.rij)]
         energy = sessions[rank].compute(
-            g.nlocal, *map(_view, inputs), _view(energies), _view(forces),
+            g.nlocal,
+            *map(_view, inputs),
+            _view(energies),
+            _view(forces),
             world.collectives(rank),
         )
         return energy, energies, forces
@@ -257,8 +260,11 @@ def _state(nlocal=2, ntotal=3, npairs=2) -> PairState:
     rng = np.random.default_rng(0)
     return PairState(
         RankArrays.of(
-            nlocal, np.zeros(ntotal), np.arange(npairs) % max(nlocal, 1),
-            (np.arange(npairs) + 1) % max(ntotal, 1), rng.normal(size=(npairs, 3)),
+            nlocal,
+            np.zeros(ntotal),
+            np.arange(npairs) % max(nlocal, 1),
+            (np.arange(npairs) + 1) % max(ntotal, 1),
+            rng.normal(size=(npairs, 3)),
         )
     )
 
@@ -308,7 +314,10 @@ def test_standin_keeps_a_stale_energy():
 
 
 CASES = [
-    ("lj", "cpu"), ("lj", "kokkos"), ("lj", "kokkos-exchange"), ("mp", "kokkos-exchange"),
+    ("lj", "cpu"),
+    ("lj", "kokkos"),
+    ("lj", "kokkos-exchange"),
+    ("mp", "kokkos-exchange"),
     ("mace", "kokkos-exchange"),
 ]
 
@@ -325,8 +334,7 @@ def test_mliap_equals_plugin(model_files, model, kind, nranks, nslabs):
     label = f"mliap-{model}-{kind}/np{nranks}"
     states = mliap_world(path, graphs, system.natoms, kind, vflag=VIRIAL_PAIR | VIRIAL_ATOM)
     assert_same_as_plugin(label, states, plugin_world(path, graphs, system.natoms))
-    ref = evaluate_reference(potential, system.positions, system.cell, system.pbc,
-                             system.species)
+    ref = evaluate_reference(potential, system.positions, system.cell, system.pbc, system.species)
     assert_folds_to_reference(label, states, [g.owner for g in graphs], system.natoms, ref)
     if kind == "kokkos-exchange":  # the same exchanges on every rank, the empty one too
         exchanges = [[c for c in s.calls if "exchange" in c[0]] for s in states]
@@ -372,8 +380,12 @@ def test_rank_without_pairs(model_files, kind, nlocal, nghost):
     assert (owned == 0.0) == (nlocal == 0 or kind != "kokkos-exchange")
     assert state.fij is None and not state.f.any()
     if kind == "kokkos-exchange":
-        assert [c[0] for c in state.calls] == ["forward_exchange", "forward_exchange",
-                                               "reverse_exchange", "reverse_exchange"]
+        assert [c[0] for c in state.calls] == [
+            "forward_exchange",
+            "forward_exchange",
+            "reverse_exchange",
+            "reverse_exchange",
+        ]
 
 
 # --- what ML-IAP cannot do ---------------------------------------------------------------
@@ -476,11 +488,14 @@ FCC = np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.
 def _structure(name: str):
     rng = np.random.default_rng(len(name))
     cells = (3, 3, 3) if name == "bulk" else (3, 3, 2)
-    grid = np.array([[i, j, k] for i in range(cells[0]) for j in range(cells[1])
-                     for k in range(cells[2])], dtype=np.float64)
+    grid = np.array(
+        [[i, j, k] for i in range(cells[0]) for j in range(cells[1]) for k in range(cells[2])],
+        dtype=np.float64,
+    )
     cell = np.diag(np.array(cells, dtype=np.float64) * 4.1)
-    positions = ((grid[:, None] + FCC[None]).reshape(-1, 3) * 4.1
-                 + rng.normal(0.0, 0.1, size=(len(grid) * 4, 3)))
+    positions = (grid[:, None] + FCC[None]).reshape(-1, 3) * 4.1 + rng.normal(
+        0.0, 0.1, size=(len(grid) * 4, 3)
+    )
     if name == "empty-ranks":  # atoms in the lower 40% of z: ranks along z own nothing
         cell[2, 2] *= 2.5
         positions[:, 2] += 1.0  # none wraps around to the top
@@ -489,8 +504,12 @@ def _structure(name: str):
 
 
 #: (structure, ranks, processors grid)
-RUNS = [("bulk", 1, ""), ("bulk", 2, ""), ("empty-ranks", 2, "processors 1 1 2"),
-        ("empty-ranks", 4, "processors 1 1 4")]
+RUNS = [
+    ("bulk", 1, ""),
+    ("bulk", 2, ""),
+    ("empty-ranks", 2, "processors 1 1 2"),
+    ("empty-ranks", 4, "processors 1 1 4"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -507,14 +526,26 @@ def recorded(tmp_path_factory, model_files):
             pytest.skip(f"no {model} model here: mace-torch is not importable")
         if key not in cache:
             positions, cell, species = _structure(structure)
-            data = write_lammps_data(workdir / f"{structure}.data", positions, cell,
-                                     species + 1, [39.948, 20.1797])
+            data = write_lammps_data(
+                workdir / f"{structure}.data", positions, cell, species + 1, [39.948, 20.1797]
+            )
             out = workdir / f"{model}-{structure}-np{nprocs}"
-            cmd = [str(Path(sys.executable).parent / "mpirun"), "-np", str(nprocs),
-                   sys.executable, "driver.py", str(paths[model]), data.name, "Ar Ne",
-                   processors, out.name]
-            env = {"LD_LIBRARY_PATH": str(Path(sys.executable).parent.parent / "lib"),
-                   "PYTHONPATH": str(Path(__file__).parent.parent)}
+            cmd = [
+                str(Path(sys.executable).parent / "mpirun"),
+                "-np",
+                str(nprocs),
+                sys.executable,
+                "driver.py",
+                str(paths[model]),
+                data.name,
+                "Ar Ne",
+                processors,
+                out.name,
+            ]
+            env = {
+                "LD_LIBRARY_PATH": str(Path(sys.executable).parent.parent / "lib"),
+                "PYTHONPATH": str(Path(__file__).parent.parent),
+            }
             run_command(cmd, workdir, timeout=600, env=env).check()
             ranks = [dict(np.load(f"{out}.rank{r}.npz")) for r in range(nprocs)]
             cache[key] = (paths[model], ranks, (positions, cell, species))
@@ -524,8 +555,9 @@ def recorded(tmp_path_factory, model_files):
 
 
 @pytest.mark.lammps
-@pytest.mark.parametrize(("structure", "nprocs", "processors"), RUNS,
-                         ids=[f"{s}-np{n}" for s, n, _ in RUNS])
+@pytest.mark.parametrize(
+    ("structure", "nprocs", "processors"), RUNS, ids=[f"{s}-np{n}" for s, n, _ in RUNS]
+)
 @pytest.mark.parametrize(("model", "kind"), CASES, ids=[f"{m}-{k}" for m, k in CASES])
 def test_recorded_lammps_pairs(recorded, model, kind, structure, nprocs, processors):
     path, ranks, (positions, cell, species) = recorded(model, structure, nprocs, processors)
@@ -533,8 +565,7 @@ def test_recorded_lammps_pairs(recorded, model, kind, structure, nprocs, process
     if structure == "empty-ranks" and nprocs > 1:
         assert min(int(r["nlocal"]) for r in ranks) == 0  # the case MACE's path returns on
     graphs = [
-        RankGraph(int(r["nlocal"]), r["species"], r["pair_i"], r["pair_j"], r["rij"],
-                  r["tags"] - 1)
+        RankGraph(int(r["nlocal"]), r["species"], r["pair_i"], r["pair_j"], r["rij"], r["tags"] - 1)
         for r in ranks
     ]
     label = f"recorded-{model}-{kind}-{structure}/np{nprocs}"
@@ -622,12 +653,17 @@ def test_real_mliap_lammps(real_mliap, model_files, how):
     ``lammps.mliap.load_unified`` against the reference, per atom by ID, on one rank."""
     paths = model_files
     positions, cell, species = _structure("bulk")
-    data = write_lammps_data(real_mliap / "bulk.data", positions, cell, species + 1,
-                             [39.948, 20.1797])
+    data = write_lammps_data(
+        real_mliap / "bulk.data", positions, cell, species + 1, [39.948, 20.1797]
+    )
     (real_mliap / "run.py").write_text(REAL_RUN)
     env = {"LD_LIBRARY_PATH": str(Path(sys.executable).parent.parent / "lib")}
-    run_command([sys.executable, "run.py", str(paths["lj"]), data.name, how], real_mliap,
-                timeout=600, env=env).check()
+    run_command(
+        [sys.executable, "run.py", str(paths["lj"]), data.name, how],
+        real_mliap,
+        timeout=600,
+        env=env,
+    ).check()
     got = np.load(real_mliap / f"real-{how}.rank0.npz")
     potential = open_session(str(paths["lj"]), 1).potential
     ref = evaluate_reference(potential, positions, cell, (True, True, True), species)

@@ -50,12 +50,35 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 #: Keys of :meth:`Mace.config`'s ``model`` entry: MACE's constructor arguments as plain data
 #: (irreps as strings, classes and the gate by name); ``class`` picks the model class.
 _COMMON_KEYS = (
-    "class", "r_max", "num_bessel", "num_polynomial_cutoff", "max_ell", "interaction_cls",
-    "interaction_cls_first", "num_interactions", "num_elements", "hidden_irreps",
-    "MLP_irreps", "atomic_energies", "avg_num_neighbors", "atomic_numbers", "correlation",
-    "gate", "pair_repulsion", "apply_cutoff", "use_reduced_cg", "use_so3",
-    "use_agnostic_product", "use_last_readout_only", "distance_transform", "edge_irreps",
-    "use_edge_irreps_first", "radial_MLP", "radial_type", "heads", "readout_cls",
+    "class",
+    "r_max",
+    "num_bessel",
+    "num_polynomial_cutoff",
+    "max_ell",
+    "interaction_cls",
+    "interaction_cls_first",
+    "num_interactions",
+    "num_elements",
+    "hidden_irreps",
+    "MLP_irreps",
+    "atomic_energies",
+    "avg_num_neighbors",
+    "atomic_numbers",
+    "correlation",
+    "gate",
+    "pair_repulsion",
+    "apply_cutoff",
+    "use_reduced_cg",
+    "use_so3",
+    "use_agnostic_product",
+    "use_last_readout_only",
+    "distance_transform",
+    "edge_irreps",
+    "use_edge_irreps_first",
+    "radial_MLP",
+    "radial_type",
+    "heads",
+    "readout_cls",
     "keep_last_layer_irreps",
 )
 _SCALE_SHIFT_KEYS = ("atomic_inter_scale", "atomic_inter_shift")
@@ -216,8 +239,11 @@ def model_config(model: torch.nn.Module) -> dict[str, Any]:
     mlp_irreps = o3.Irreps(str(getattr(model.readouts[-1], "hidden_irreps", "1x0e")))
     mlp_scalars = max(1, mlp_irreps.count((0, 1)) // len(heads))
     radial = model.radial_embedding
-    radial_types = {"BesselBasis": "bessel", "GaussianBasis": "gaussian",
-                    "ChebychevBasis": "chebyshev"}
+    radial_types = {
+        "BesselBasis": "bessel",
+        "GaussianBasis": "gaussian",
+        "ChebychevBasis": "chebyshev",
+    }
     transform = getattr(radial, "distance_transform", None)
     transforms = {"AgnesiTransform": "Agnesi", "SoftTransform": "Soft"}
     edge_irreps = getattr(model, "edge_irreps", None)
@@ -395,7 +421,9 @@ class Mace(Potential):
             layers=int(model["num_interactions"]),
         )
         self._config = {
-            "model": copy.deepcopy(model), "head": heads[self.head_index], "dtype": dtype
+            "model": copy.deepcopy(model),
+            "head": heads[self.head_index],
+            "dtype": dtype,
         }
 
     def config(self) -> dict[str, Any]:
@@ -549,9 +577,7 @@ def _node_energies(
         lengths, node_attrs, edge_index, model.atomic_numbers
     )
     if hasattr(model, "pair_repulsion"):
-        pair_energy = model.pair_repulsion_fn(
-            lengths, node_attrs, edge_index, model.atomic_numbers
-        )
+        pair_energy = model.pair_repulsion_fn(lengths, node_attrs, edge_index, model.atomic_numbers)
     else:
         pair_energy = torch.zeros_like(node_e0)
 

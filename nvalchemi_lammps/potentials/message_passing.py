@@ -57,13 +57,21 @@ class MessagePassing(Potential):
     ) -> None:
         super().__init__()
         self.spec = ModelSpec(
-            elements=tuple(elements), cutoff=float(cutoff), units=units, dtype=dtype,
+            elements=tuple(elements),
+            cutoff=float(cutoff),
+            units=units,
+            dtype=dtype,
             layers=int(layers),
         )
         self._config = dict(
-            elements=list(elements), cutoff=float(cutoff), layers=int(layers),
-            features=int(features), radial_basis=int(radial_basis), seed=int(seed),
-            units=units, dtype=dtype,
+            elements=list(elements),
+            cutoff=float(cutoff),
+            layers=int(layers),
+            features=int(features),
+            radial_basis=int(radial_basis),
+            seed=int(seed),
+            units=units,
+            dtype=dtype,
         )
         generator = torch.Generator().manual_seed(seed)
         dt = self.spec.torch_dtype
@@ -75,8 +83,10 @@ class MessagePassing(Potential):
         n_el = len(elements)
         self.embedding = weight(n_el, features, scale=1.0)
         self.radial = torch.nn.ParameterList(
-            [weight(radial_basis, features, scale=1.0 / math.sqrt(radial_basis))
-             for _ in range(layers)]
+            [
+                weight(radial_basis, features, scale=1.0 / math.sqrt(radial_basis))
+                for _ in range(layers)
+            ]
         )
         self.update = torch.nn.ParameterList(
             [weight(features, features, scale=0.5 / math.sqrt(features)) for _ in range(layers)]
