@@ -1,4 +1,5 @@
-"""The ``nvalchemi-lammps`` command: export models, report the installation, run the demo.
+"""The ``nvalchemi-lammps`` command: export and validate models, report the installation, run
+the demo.
 
 Each subcommand is a module with ``add_arguments(parser)``, ``run(args) -> int`` and a
 ``main(argv=None) -> int`` of its own; nothing here exits the interpreter, the console
@@ -10,10 +11,15 @@ from __future__ import annotations
 import argparse
 from types import ModuleType
 
-from . import demo, export, info
+from . import demo, export, info, validate
 
 #: subcommand name -> module
-COMMANDS: dict[str, ModuleType] = {"export": export, "info": info, "demo": demo}
+COMMANDS: dict[str, ModuleType] = {
+    "export": export,
+    "validate": validate,
+    "info": info,
+    "demo": demo,
+}
 
 
 def _version() -> str:

