@@ -13,6 +13,7 @@
 
 #include "atom.h"
 #include "comm.h"
+#include "domain.h"
 #include "error.h"
 #include "force.h"
 #include "memory.h"
@@ -68,7 +69,7 @@ PairNvalchemi::PairNvalchemi(LAMMPS *lmp) :
     exchange_rows(nullptr), exchange_width(0), exchange_offset(0), exchange_count(0), maxatom(0),
     maxpair(0),
     species(nullptr), pair_i(nullptr), pair_j(nullptr), rij(nullptr), pair_forces(nullptr),
-    atom_energies(nullptr)
+    atom_energies(nullptr), atom_forces(nullptr)
 {
   single_enable = 0;
   restartinfo = 0;
@@ -91,6 +92,7 @@ PairNvalchemi::~PairNvalchemi()
   memory->destroy(rij);
   memory->destroy(pair_forces);
   memory->destroy(atom_energies);
+  memory->destroy(atom_forces);
   if (allocated) {
     memory->destroy(setflag);
     memory->destroy(cutsq);
@@ -149,11 +151,27 @@ void PairNvalchemi::compute(int eflag, int vflag)
     }
   }
 
+  // positions, charges and the cell, for models with non-pairwise terms
+  PythonSession::System system{};
+  if (session->needs_positions()) {
+    system.positions = ntotal ? &x[0][0] : nullptr;
+    system.charges = atom->q_flag ? atom->q : nullptr;
+    const double *h = domain->h;    // xprd yprd zprd yz xz xy
+    const double cell[9] = {h[0], 0.0, 0.0, h[5], h[1], 0.0, h[4], h[3], h[2]};
+    std::copy(cell, cell + 9, system.cell);
+    system.periodic[0] = domain->xperiodic;
+    system.periodic[1] = domain->yperiodic;
+    system.periodic[2] = domain->zperiodic;
+    system.atom_forces = atom_forces;
+    system.virial = extra_virial;
+  }
+
   double energy = 0.0;
   PairCollectives collectives(this, atom, world);
   try {
     energy = session->compute(nlocal, ntotal, species, npairs, pair_i, pair_j, rij,
-                              atom_energies, pair_forces, &collectives);
+                              atom_energies, pair_forces, &collectives,
+                              session->needs_positions() ? &system : nullptr);
   } catch (std::exception &err) {
     // rank-local failure: error->one aborts every rank instead of leaving the
     // others waiting in the next collective
@@ -176,6 +194,18 @@ void PairNvalchemi::compute(int eflag, int vflag)
       const double *d = rij + 3 * k;
       ev_tally_xyz(i, j, nlocal, 1, 0.0, 0.0, fij[0], fij[1], fij[2], -d[0], -d[1], -d[2]);
     }
+  }
+
+  // non-pairwise terms: forces on owned and ghost atoms (ghosts reverse-communicated
+  // by LAMMPS like pair forces), and the virial that f.r of those forces misses
+  if (session->needs_positions()) {
+    for (int k = 0; k < ntotal; k++) {
+      f[k][0] += atom_forces[3 * k + 0];
+      f[k][1] += atom_forces[3 * k + 1];
+      f[k][2] += atom_forces[3 * k + 2];
+    }
+    if (vflag_global || vflag_fdotr)
+      for (int k = 0; k < 6; k++) virial[k] += extra_virial[k];
   }
 
   if (eflag_global) eng_vdwl += energy;
@@ -285,8 +315,10 @@ void PairNvalchemi::grow_buffers(int natoms, int npairs)
     maxatom = natoms;
     memory->destroy(species);
     memory->destroy(atom_energies);
+    memory->destroy(atom_forces);
     memory->create(species, maxatom, "pair:species");
     memory->create(atom_energies, maxatom, "pair:atom_energies");
+    memory->create(atom_forces, 3 * maxatom, "pair:atom_forces");
   }
   if (npairs > maxpair) {
     maxpair = npairs;
@@ -454,7 +486,7 @@ void PairNvalchemi::unpack_reverse_comm(int n, int *list, double *buf)
 double PairNvalchemi::memory_usage()
 {
   double bytes = Pair::memory_usage();
-  bytes += static_cast<double>(maxatom) * (sizeof(bigint) + sizeof(double));
+  bytes += static_cast<double>(maxatom) * (sizeof(bigint) + 4 * sizeof(double));
   bytes += static_cast<double>(maxpair) * (2 * sizeof(bigint) + 6 * sizeof(double));
   return bytes;
 }

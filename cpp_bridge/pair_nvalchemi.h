@@ -58,6 +58,8 @@ class PairNvalchemi : public Pair {
   bigint *species;
   bigint *pair_i, *pair_j;
   double *rij, *pair_forces, *atom_energies;
+  double *atom_forces;        // 3 per owned and ghost atom, from non-pairwise terms
+  double extra_virial[6];     // their virial beyond f.r
 
   void allocate();
   void grow_buffers(int natoms, int npairs);

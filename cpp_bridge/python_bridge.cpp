@@ -38,6 +38,11 @@ class PyRef {
   PyRef(const PyRef &) = delete;
   PyRef &operator=(const PyRef &) = delete;
   PyObject *get() const { return obj_; }
+  void reset(PyObject *obj)
+  {
+    Py_XDECREF(obj_);
+    obj_ = obj;
+  }
   explicit operator bool() const { return obj_ != nullptr; }
 
  private:
@@ -235,7 +240,7 @@ PyObject *collectives_type()
 
 PythonSession::PythonSession(const std::string &model_path, int num_threads,
                              const std::string &device, int local_rank) :
-    session_(nullptr), cutoff_(0.0), layers_(1), uses_exchange_(false)
+    session_(nullptr), cutoff_(0.0), layers_(1), needs_positions_(false), uses_exchange_(false)
 {
   start_python();
   GilLock gil;
@@ -248,6 +253,9 @@ PythonSession::PythonSession(const std::string &model_path, int num_threads,
   PyRef layers(PyObject_GetAttrString(session.get(), "layers"));
   if (!layers) raise_python_error("");
   layers_ = static_cast<int>(PyLong_AsLong(layers.get()));
+  PyRef needs_positions(PyObject_GetAttrString(session.get(), "needs_positions"));
+  if (!needs_positions) raise_python_error("");
+  needs_positions_ = PyObject_IsTrue(needs_positions.get()) == 1;
   PyRef cutoff(PyObject_GetAttrString(session.get(), "cutoff"));
   PyRef units(PyObject_GetAttrString(session.get(), "units"));
   PyRef description(PyObject_CallMethod(session.get(), "describe", nullptr));
@@ -312,7 +320,7 @@ std::vector<int> PythonSession::map_types(const std::vector<std::string> &names)
 double PythonSession::compute(int nlocal, int ntotal, const int64_t *species, int npairs,
                               const int64_t *pair_i, const int64_t *pair_j, const double *rij,
                               double *atom_energies, double *pair_forces,
-                              Collectives *collectives)
+                              Collectives *collectives, System *system)
 {
   GilLock gil;
   PyObject *type = collectives_type();
@@ -337,10 +345,29 @@ double PythonSession::compute(int nlocal, int ntotal, const int64_t *species, in
       !forces_view)
     raise_python_error("");
 
-  PyRef energy(PyObject_CallMethod(static_cast<PyObject *>(session_), "compute", "nOOOOOOO",
-                                   static_cast<Py_ssize_t>(nlocal), species_view.get(),
-                                   pair_i_view.get(), pair_j_view.get(), rij_view.get(),
-                                   energies_view.get(), forces_view.get(), comm.get()));
+  // (positions, charges or None, cell, periodic) and (atom_forces, virial)
+  PyRef system_in, system_out;
+  if (system) {
+    const size_t n = static_cast<size_t>(ntotal);
+    PyRef positions(writable_view(system->positions, sizeof(double) * 3 * n));
+    PyRef charges(system->charges ? writable_view(system->charges, sizeof(double) * n)
+                                  : (Py_INCREF(Py_None), Py_None));
+    PyRef cell(writable_view(system->cell, sizeof(double) * 9));
+    PyRef atom_forces(writable_view(system->atom_forces, sizeof(double) * 3 * n));
+    PyRef virial(writable_view(system->virial, sizeof(double) * 6));
+    if (!positions || !charges || !cell || !atom_forces || !virial) raise_python_error("");
+    system_in.reset(Py_BuildValue("(OOO(iii))", positions.get(), charges.get(), cell.get(),
+                                    system->periodic[0], system->periodic[1],
+                                    system->periodic[2]));
+    system_out.reset(Py_BuildValue("(OO)", atom_forces.get(), virial.get()));
+    if (!system_in || !system_out) raise_python_error("");
+  }
+
+  PyRef energy(PyObject_CallMethod(
+      static_cast<PyObject *>(session_), "compute", "nOOOOOOOOO", static_cast<Py_ssize_t>(nlocal),
+      species_view.get(), pair_i_view.get(), pair_j_view.get(), rij_view.get(),
+      energies_view.get(), forces_view.get(), comm.get(), system ? system_in.get() : Py_None,
+      system ? system_out.get() : Py_None));
   if (!energy) raise_python_error("");
   const double value = PyFloat_AsDouble(energy.get());
   if (PyErr_Occurred()) raise_python_error("");

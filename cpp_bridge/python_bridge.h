@@ -46,6 +46,8 @@ class PythonSession {
 
   double cutoff() const { return cutoff_; }
   int layers() const { return layers_; }
+  // the model also reads positions, charges and the cell (non-pairwise terms)
+  bool needs_positions() const { return needs_positions_; }
   bool uses_exchange() const { return uses_exchange_; }
   const std::string &units() const { return units_; }
   const std::string &description() const { return description_; }
@@ -56,17 +58,31 @@ class PythonSession {
   // choose how ghosts reach past one cutoff: "exchange" or "shell"
   void set_strategy(const std::string &strategy);
 
+  // What a model with needs_positions() reads besides the pairs, and the two
+  // extra results it gives: forces on owned and ghost atoms, and the part of
+  // the virial that is not f.r of those forces (6 values, xx yy zz xy xz yz).
+  struct System {
+    const double *positions;    // 3*ntotal
+    const double *charges;      // ntotal, or nullptr without per-atom charges
+    double cell[9];             // lattice vectors as rows
+    int periodic[3];
+    double *atom_forces;    // 3*ntotal, written
+    double *virial;         // 6, written
+  };
+
   // run the potential on one rank's graph; writes atom_energies[nlocal] and
-  // pair_forces[3*npairs]; returns the sum of atom_energies. The model may call
-  // the collectives during the call, never after.
+  // pair_forces[3*npairs] (and what `system` asks for, when given); returns the
+  // sum of atom_energies. The model may call the collectives during the call,
+  // never after.
   double compute(int nlocal, int ntotal, const int64_t *species, int npairs, const int64_t *pair_i,
                  const int64_t *pair_j, const double *rij, double *atom_energies,
-                 double *pair_forces, Collectives *collectives);
+                 double *pair_forces, Collectives *collectives, System *system);
 
  private:
   void *session_;    // PyObject *, opaque here
   double cutoff_;
   int layers_;
+  bool needs_positions_;
   bool uses_exchange_;
   std::string units_;
   std::string description_;

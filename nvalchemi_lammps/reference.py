@@ -166,6 +166,7 @@ def evaluate_reference(
     cell: np.ndarray,
     pbc: Sequence[bool],
     species: np.ndarray,
+    charges: np.ndarray | None = None,
 ) -> ReferenceResult:
     """Evaluate ``potential`` on the whole periodic system in one process.
 
@@ -178,6 +179,11 @@ def evaluate_reference(
     :param cell: ``(3, 3)`` lattice vectors as rows
     :param pbc: periodicity of each lattice direction
     :param species: ``(N,)`` model element index of every atom, -1 for none
+    :param charges: ``(N,)`` per-atom charges, for potentials that read them
+
+    A potential whose spec ``needs_positions`` also gets positions, cell, periodicity and
+    charges; its forces on atoms add to the forces, and its virial (``sum x f`` of those
+    forces plus the cell part) to the virial. Per-atom virials hold the pairwise part only.
     """
     positions = np.asarray(positions, dtype=np.float64)
     species = np.asarray(species, dtype=np.int64)
@@ -197,6 +203,14 @@ def evaluate_reference(
     if not keep.all():
         pairs = PairList(*(getattr(pairs, f)[keep] for f in ("pair_i", "pair_j", "shifts", "rij")))
 
+    system = {}
+    if potential.spec.needs_positions:
+        system = dict(
+            positions=torch.from_numpy(positions),
+            cell=torch.as_tensor(np.asarray(cell, dtype=np.float64)),
+            pbc=tuple(bool(p) for p in pbc),
+            charges=None if charges is None else torch.as_tensor(charges, dtype=torch.float64),
+        )
     # the engine moves the inputs to the potential's device
     result = evaluate(
         potential,
@@ -205,6 +219,7 @@ def evaluate_reference(
         torch.from_numpy(pairs.pair_i),
         torch.from_numpy(pairs.pair_j),
         torch.from_numpy(pairs.rij),
+        **system,
     )
     fij = result.pair_forces.detach().cpu().numpy().astype(np.float64, copy=False)
     atom_energies = result.atom_energies.detach().cpu().numpy().astype(np.float64, copy=False)
@@ -219,11 +234,21 @@ def evaluate_reference(
     np.add.at(atom_virials, pairs.pair_i, half)
     np.add.at(atom_virials, pairs.pair_j, half)
 
+    virial = pair_virials.sum(axis=0)
+    if result.atom_forces is not None:
+        atom_forces = result.atom_forces.detach().cpu().numpy().astype(np.float64, copy=False)
+        forces += atom_forces
+        # LAMMPS keeps the upper triangle (xy = sum x f_y): so does the cell part here
+        extra = np.zeros((3, 3))
+        extra[[0, 1, 2, 0, 0, 1], [0, 1, 2, 1, 2, 2]] = result.virial.detach().cpu().numpy()
+        extra[[1, 2, 2], [0, 0, 1]] = extra[[0, 0, 1], [1, 2, 2]]
+        virial = virial + positions.T @ atom_forces + extra
+
     return ReferenceResult(
         energy=float(atom_energies.sum()),
         atom_energies=atom_energies,
         forces=forces,
-        virial=pair_virials.sum(axis=0),
+        virial=virial,
         atom_virials=atom_virials,
         pairs=pairs,
         pair_forces=fij,

@@ -23,6 +23,12 @@ class LocalGraph:
     :param pair_j: ``(npairs,)`` int64, sending atom (owned or ghost)
     :param rij: ``(npairs, 3)`` pair vectors, in the potential's dtype
     :param comm: collectives across ranks (:class:`NoOpComm` on a single process)
+    :param positions: ``(ntotal, 3)`` positions (ghosts as periodic images), in the
+        potential's dtype; only for a potential whose spec ``needs_positions``
+    :param cell: ``(3, 3)`` lattice vectors as rows, likewise
+    :param pbc: periodicity of each lattice direction, likewise
+    :param charges: ``(ntotal,)`` per-atom charges from LAMMPS (``atom_style charge``),
+        if it has them, likewise
     """
 
     nlocal: int
@@ -31,6 +37,10 @@ class LocalGraph:
     pair_j: torch.Tensor
     rij: torch.Tensor
     comm: Comm = field(default_factory=NoOpComm)
+    positions: torch.Tensor | None = None
+    cell: torch.Tensor | None = None
+    pbc: tuple[bool, bool, bool] | None = None
+    charges: torch.Tensor | None = None
 
     @property
     def ntotal(self) -> int:

@@ -27,6 +27,10 @@ class ModelSpec:
         in order of preference: ``exchange`` (it calls ``graph.comm.forward_exchange`` on
         ghost rows after each layer; ghost shell of one cutoff) and/or ``shell`` (ghost shell
         of ``layers * cutoff`` with pairs between ghosts, no exchange)
+    :param needs_positions: the potential also reads ``graph.positions``, ``graph.cell``
+        and ``graph.charges`` (terms that are not pairwise, such as reciprocal-space
+        electrostatics); the engine then also returns forces on every atom row and the
+        cell part of the virial
     """
 
     elements: tuple[str, ...]
@@ -35,6 +39,7 @@ class ModelSpec:
     dtype: str = "float64"
     layers: int = 1
     strategies: tuple[str, ...] = STRATEGIES
+    needs_positions: bool = False
 
     def __post_init__(self) -> None:
         if not self.elements:
@@ -81,4 +86,5 @@ class ModelSpec:
             dtype=data.get("dtype", "float64"),
             layers=int(data.get("layers", 1)),
             strategies=tuple(data.get("strategies", STRATEGIES)),
+            needs_positions=bool(data.get("needs_positions", False)),
         )

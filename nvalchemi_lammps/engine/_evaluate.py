@@ -16,13 +16,20 @@ class Evaluation:
     :param atom_energies: ``(nlocal,)`` float64 energies of the owned atoms, on the
         potential's device
     :param pair_forces: ``(npairs, 3)`` float64 ``fij = +dE/drij``, on the potential's
-        device; the front door applies
-        ``f[i] += fij`` and ``f[j] -= fij``
+        device; the front door applies ``f[i] += fij`` and ``f[j] -= fij``
+    :param atom_forces: ``(ntotal, 3)`` float64 ``-dE/dx`` of every atom row, for a
+        potential that ``needs_positions`` (else ``None``); ghost rows are folded into their
+        owners by the front door's reverse communication, like pair forces on ghosts
+    :param virial: ``(6,)`` float64 ``xx yy zz xy xz yz`` of ``-h^T dE/dh`` (``h``: the
+        cell, rows = lattice vectors), the virial's part that ``sum x . f`` misses, for a
+        potential that ``needs_positions`` (else ``None``)
     """
 
     energy: float
     atom_energies: torch.Tensor
     pair_forces: torch.Tensor
+    atom_forces: torch.Tensor | None = None
+    virial: torch.Tensor | None = None
 
 
 def potential_device(potential: Potential) -> torch.device:
@@ -42,6 +49,10 @@ def evaluate(
     pair_j: torch.Tensor,
     rij: torch.Tensor,
     comm: Comm | None = None,
+    positions: torch.Tensor | None = None,
+    cell: torch.Tensor | None = None,
+    pbc: tuple[bool, bool, bool] | None = None,
+    charges: torch.Tensor | None = None,
 ) -> Evaluation:
     """Run ``potential`` on one rank's graph and differentiate its owned energy.
 
@@ -49,6 +60,10 @@ def evaluate(
     and nowhere else, so gradients come back in float64 whatever the potential computes in.
     Every rank runs the same forward and backward, also with zero atoms or pairs, because a
     potential may issue collectives in both.
+
+    A potential whose spec ``needs_positions`` also gets ``positions`` (float64, owned and
+    ghost rows), ``cell``, ``pbc`` and ``charges`` (if any); it is differentiated with
+    respect to positions and cell too.
     """
     if rij.dtype != torch.float64:
         raise TypeError(f"pair vectors must be float64, got {rij.dtype}")
@@ -58,9 +73,27 @@ def evaluate(
             f"non-finite pair vector between atoms {int(pair_i[bad])} and {int(pair_j[bad])} "
             "(NaN or infinite positions)"
         )
-    dtype = potential.spec.torch_dtype
+    spec = potential.spec
+    dtype = spec.torch_dtype
     device = potential_device(potential)
     leaf = rij.detach().to(device, non_blocking=True).requires_grad_(True)
+    leaves = [leaf]
+    system = {}
+    if spec.needs_positions:
+        if positions is None or cell is None or pbc is None:
+            raise ValueError(
+                f"potential '{potential.name}' needs positions, cell and periodicity, which "
+                "this front door does not provide"
+            )
+        position_leaf = positions.detach().to(device, torch.float64).requires_grad_(True)
+        cell_leaf = cell.detach().to(device, torch.float64).requires_grad_(True)
+        leaves += [position_leaf, cell_leaf]
+        system = dict(
+            positions=position_leaf.to(dtype),
+            cell=cell_leaf.to(dtype),
+            pbc=tuple(bool(p) for p in pbc),
+            charges=None if charges is None else charges.to(device, dtype),
+        )
     graph = LocalGraph(
         nlocal=nlocal,
         species=species.to(device, non_blocking=True),
@@ -68,6 +101,7 @@ def evaluate(
         pair_j=pair_j.to(device, non_blocking=True),
         rij=leaf.to(dtype),
         comm=comm or NoOpComm(),
+        **system,
     )
     energies = potential(graph)
     if energies.shape != (graph.ntotal,):
@@ -77,10 +111,21 @@ def evaluate(
         )
     owned = energies[:nlocal]
     total = owned.sum()
-    grad = None
-    if total.requires_grad:  # energies that do not depend on any pair vector have no graph
-        (grad,) = torch.autograd.grad(total, leaf, allow_unused=True)
-    if grad is None:
-        grad = torch.zeros_like(leaf)
+    grads = [None] * len(leaves)
+    if total.requires_grad:  # energies that do not depend on any input have no graph
+        grads = list(torch.autograd.grad(total, leaves, allow_unused=True))
+    grads = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads)]
     owned = owned.detach().to(torch.float64)
-    return Evaluation(energy=float(owned.sum()), atom_energies=owned, pair_forces=grad)
+    result = Evaluation(energy=float(owned.sum()), atom_energies=owned, pair_forces=grads[0])
+    if not spec.needs_positions:
+        return result
+    position_grad, cell_grad = grads[1], grads[2]
+    virial = -(leaves[2].detach().T @ cell_grad)
+    voigt = virial[[0, 1, 2, 0, 0, 1], [0, 1, 2, 1, 2, 2]]
+    return Evaluation(
+        energy=result.energy,
+        atom_energies=owned,
+        pair_forces=grads[0],
+        atom_forces=-position_grad,
+        virial=voigt,
+    )

@@ -221,6 +221,11 @@ class MLIAPModel(MLIAPUnified):
         """The exchanges a message-passing model needs, or a clear stop. Decided from the
         model and the LAMMPS build alone, so that every rank stops at the same call."""
         spec, name = self.potential.spec, self.potential.name
+        if spec.needs_positions:
+            raise ValueError(
+                f"the {name} model has terms that are not pairwise (it reads positions and the "
+                "cell), which ML-IAP does not hand to a model: run it with pair_style nvalchemi"
+            )
         if spec.layers == 1:
             return MliapComm(data, exchange=False)
         if "exchange" not in spec.strategies:

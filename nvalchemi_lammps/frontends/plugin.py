@@ -34,6 +34,7 @@ class PluginSession:
         self.units = spec.units
         self.elements = list(spec.elements)
         self.layers = int(spec.layers)
+        self.needs_positions = bool(spec.needs_positions)
         self.strategy = "local"
         self.uses_exchange = False
         self.set_strategy("auto")
@@ -80,9 +81,23 @@ class PluginSession:
         atom_energies_out: memoryview,
         pair_forces_out: memoryview,
         collectives: object,
+        system: tuple | None = None,
+        system_out: tuple | None = None,
     ) -> float:
+        """One step on one rank. ``system`` = ``(positions, charges or None, cell,
+        (px, py, pz))`` and ``system_out`` = ``(atom_forces, virial)`` come only for a model
+        that ``needs_positions``."""
         ntotal = species.nbytes // 8
         npairs = pair_i.nbytes // 8
+        inputs = {}
+        if system is not None:
+            positions, charges, cell, pbc = system
+            inputs = dict(
+                positions=_tensor(positions, torch.float64, ntotal, 3),
+                charges=None if charges is None else _tensor(charges, torch.float64, ntotal),
+                cell=_tensor(cell, torch.float64, 3, 3),
+                pbc=tuple(bool(p) for p in pbc),
+            )
         result = evaluate(
             self.potential,
             nlocal,
@@ -91,9 +106,14 @@ class PluginSession:
             _tensor(pair_j, torch.int64, npairs),
             _tensor(rij, torch.float64, npairs, 3),
             LammpsComm(collectives, exchange=self.uses_exchange),
+            **inputs,
         )
         _tensor(atom_energies_out, torch.float64, nlocal).copy_(result.atom_energies)
         _tensor(pair_forces_out, torch.float64, npairs, 3).copy_(result.pair_forces)
+        if system_out is not None:
+            atom_forces_out, virial_out = system_out
+            _tensor(atom_forces_out, torch.float64, ntotal, 3).copy_(result.atom_forces)
+            _tensor(virial_out, torch.float64, 6).copy_(result.virial)
         return result.energy
 
 
