@@ -356,12 +356,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     elements = ["Ar", "Ne"]
-    lj = dict(
-        elements=elements,
-        epsilon={"Ar": 0.0104, "Ne": 0.0031},
-        sigma={"Ar": 3.40, "Ne": 2.75},
-        cutoff=6.0,
-    )
+    lj = {
+        "elements": elements,
+        "epsilon": {"Ar": 0.0104, "Ne": 0.0031},
+        "sigma": {"Ar": 3.40, "Ne": 2.75},
+        "cutoff": 6.0,
+    }
     cases = [
         ("lj", LennardJones(**lj), False, 1e-12),
         (

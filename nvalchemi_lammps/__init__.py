@@ -29,6 +29,7 @@ _EXPORTS = {
     "NoOpComm": ".contract",
     "Evaluation": ".engine",
     "evaluate": ".engine",
+    "Ewald": ".potentials",
     "LennardJones": ".potentials",
     "Mace": ".potentials",
     "MessagePassing": ".potentials",
@@ -36,9 +37,10 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "FORMAT_VERSION",
     "Comm",
     "Evaluation",
-    "FORMAT_VERSION",
+    "Ewald",
     "LennardJones",
     "LocalGraph",
     "Mace",

@@ -196,8 +196,10 @@ def write_lammps_data(
     cell: np.ndarray,
     types: np.ndarray,
     masses: list[float],
+    charges: np.ndarray | None = None,
 ) -> Path:
-    """A ``read_data`` file (atom_style atomic) with atom IDs 1..N in the given order.
+    """A ``read_data`` file (atom_style atomic, or charge with ``charges``) with atom IDs
+    1..N in the given order.
 
     Atom IDs from ``create_atoms`` depend on the number of ranks; runs compared by atom ID
     read one such file instead.
@@ -207,6 +209,8 @@ def write_lammps_data(
         ``a = (lx, 0, 0)``, ``b = (xy, ly, 0)``, ``c = (xz, yz, lz)``; the box origin is 0
     :param types: ``(N,)`` LAMMPS atom types (1-based)
     :param masses: mass of each atom type
+    :param charges: ``(N,)`` per-atom charges: the file is then for ``atom_style charge``
+        (rows ``id type q x y z``)
     """
     cell = np.asarray(cell, dtype=np.float64)
     if abs(cell[0, 1]) + abs(cell[0, 2]) + abs(cell[1, 2]) > 0.0:
@@ -225,10 +229,20 @@ def write_lammps_data(
     if xy or xz or yz:
         lines.append(f"{xy!r} {xz!r} {yz!r} xy xz yz")
     lines += ["", "Masses", ""] + [f"{k + 1} {float(m)!r}" for k, m in enumerate(masses)]
-    lines += ["", "Atoms # atomic", ""]
-    for k, (t, xyz) in enumerate(zip(types, np.asarray(positions, dtype=np.float64))):
-        x, y, z = (float(v) for v in xyz)
-        lines.append(f"{k + 1} {int(t)} {x!r} {y!r} {z!r}")
+    positions = np.asarray(positions, dtype=np.float64)
+    if charges is None:
+        lines += ["", "Atoms # atomic", ""]
+        for k, (t, xyz) in enumerate(zip(types, positions)):
+            x, y, z = (float(v) for v in xyz)
+            lines.append(f"{k + 1} {int(t)} {x!r} {y!r} {z!r}")
+    else:
+        charges = np.asarray(charges, dtype=np.float64)
+        if charges.shape != (len(positions),):
+            raise ValueError(f"charges must have shape ({len(positions)},), got {charges.shape}")
+        lines += ["", "Atoms # charge", ""]
+        for k, (t, qk, xyz) in enumerate(zip(types, charges, positions)):
+            x, y, z = (float(v) for v in xyz)
+            lines.append(f"{k + 1} {int(t)} {float(qk)!r} {x!r} {y!r} {z!r}")
     path = Path(path)
     path.write_text("\n".join(lines) + "\n")
     return path

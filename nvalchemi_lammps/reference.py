@@ -205,12 +205,12 @@ def evaluate_reference(
 
     system = {}
     if potential.spec.needs_positions:
-        system = dict(
-            positions=torch.from_numpy(positions),
-            cell=torch.as_tensor(np.asarray(cell, dtype=np.float64)),
-            pbc=tuple(bool(p) for p in pbc),
-            charges=None if charges is None else torch.as_tensor(charges, dtype=torch.float64),
-        )
+        system = {
+            "positions": torch.from_numpy(positions),
+            "cell": torch.as_tensor(np.asarray(cell, dtype=np.float64)),
+            "pbc": tuple(bool(p) for p in pbc),
+            "charges": None if charges is None else torch.as_tensor(charges, dtype=torch.float64),
+        }
     # the engine moves the inputs to the potential's device
     result = evaluate(
         potential,
@@ -238,11 +238,14 @@ def evaluate_reference(
     if result.atom_forces is not None:
         atom_forces = result.atom_forces.detach().cpu().numpy().astype(np.float64, copy=False)
         forces += atom_forces
-        # LAMMPS keeps the upper triangle (xy = sum x f_y): so does the cell part here
+        # LAMMPS keeps the upper triangle (xy = sum x f_y); the total is symmetric, so
+        # the full tensor is the upper triangle mirrored
+        upper = (positions.T @ atom_forces)[[0, 1, 2, 0, 0, 1], [0, 1, 2, 1, 2, 2]]
+        upper = upper + result.virial.detach().cpu().numpy()
         extra = np.zeros((3, 3))
-        extra[[0, 1, 2, 0, 0, 1], [0, 1, 2, 1, 2, 2]] = result.virial.detach().cpu().numpy()
-        extra[[1, 2, 2], [0, 0, 1]] = extra[[0, 0, 1], [1, 2, 2]]
-        virial = virial + positions.T @ atom_forces + extra
+        extra[[0, 1, 2, 0, 0, 1], [0, 1, 2, 1, 2, 2]] = upper
+        extra[[1, 2, 2], [0, 0, 1]] = upper[[3, 4, 5]]
+        virial = virial + extra
 
     return ReferenceResult(
         energy=float(atom_energies.sum()),

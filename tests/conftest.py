@@ -61,13 +61,13 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
     plugin_path()  # fail here, clearly, if the package was installed without the plugin
     workdir = tmp_path_factory.mktemp("models")
-    argon = dict(elements=["Ar"], epsilon={"Ar": AR_EPSILON}, sigma={"Ar": AR_SIGMA})
+    argon = {"elements": ["Ar"], "epsilon": {"Ar": AR_EPSILON}, "sigma": {"Ar": AR_SIGMA}}
     # Element order Ne, Ar: the opposite of the LAMMPS types in the tests.
-    argon_neon = dict(
-        elements=["Ne", "Ar"],
-        epsilon={"Ne": NE_EPSILON, "Ar": AR_EPSILON},
-        sigma={"Ne": NE_SIGMA, "Ar": AR_SIGMA},
-    )
+    argon_neon = {
+        "elements": ["Ne", "Ar"],
+        "epsilon": {"Ne": NE_EPSILON, "Ar": AR_EPSILON},
+        "sigma": {"Ne": NE_SIGMA, "Ar": AR_SIGMA},
+    }
     potentials = {
         "argon": LennardJones(**argon, cutoff=CUTOFF),
         "argon_shifted": LennardJones(**argon, cutoff=CUTOFF, shift=True),

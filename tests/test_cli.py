@@ -83,6 +83,15 @@ def test_export_config_round_trip_with_pairs(tmp_path, capsys):
         assert torch.equal(got, want)
 
 
+def test_export_checks_a_model_with_non_pairwise_terms(tmp_path, capsys):
+    """The reload check also runs models that read positions, charges and the cell."""
+    config = ARKR.parent / "nacl_ewald.toml"
+    out = tmp_path / "nacl.pt"
+    assert export_cli.main([str(config), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert load_model(out).spec.needs_positions
+
+
 def test_export_example_config_matches_the_lj_cut_input():
     """lammps_inputs/in.arkr runs lj/cut with these numbers; keep the two in step."""
     config = tomllib.loads(ARKR.read_text())

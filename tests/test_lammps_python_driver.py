@@ -54,34 +54,33 @@ DRIVER = textwrap.dedent(
     lmp.commands_string(f'''
         units metal
         atom_style atomic
-        read_data {data}
-        pair_style lj/cut %(cutoff)s
-        pair_coeff 1 1 %(epsilon)s %(sigma)s
-        thermo_style custom step pe %(pressure)s
+        read_data {{data}}
+        pair_style lj/cut {cutoff}
+        pair_coeff 1 1 {epsilon} {sigma}
+        thermo_style custom step pe {pressure}
     ''')
 
 
     def evaluate(tag):
         lmp.command("run 0")
         forces = np.array(lmp.gather_atoms("f", 1, 3), dtype=np.float64).reshape(-1, 3)
-        thermo = {name: lmp.get_thermo(name) for name in ["pe", %(quoted_pressure)s]}
-        return {f"{tag}_force": forces, **{f"{tag}_{k}": v for k, v in thermo.items()}}
+        thermo = {{name: lmp.get_thermo(name) for name in ["pe", {quoted_pressure}]}}
+        return {{f"{{tag}}_force": forces, **{{f"{{tag}}_{{k}}": v for k, v in thermo.items()}}}}
 
 
     results = evaluate("reference")
     lmp.commands_string(f'''
-        pair_style nvalchemi {model}
+        pair_style nvalchemi {{model}}
         pair_coeff * * Ar
     ''')
     results.update(evaluate("plugin"))
     results["has_style"] = lmp.has_style("pair", "nvalchemi")
     if rank == 0:
         np.savez("driver_results.npz", **results)
-    print(f"RANK {rank} SESSIONS {len(opened)}", flush=True)
+    print(f"RANK {{rank}} SESSIONS {{len(opened)}}", flush=True)
     lmp.close()
     lmp.finalize()
-    """
-    % dict(
+    """.format(
         cutoff=CUTOFF,
         epsilon=AR_EPSILON,
         sigma=AR_SIGMA,

@@ -109,11 +109,24 @@ def check_model_file(potential: Potential, path: Path) -> None:
     rij = x[j.reshape(-1)] - x[i.reshape(-1)]
     keep = (i.reshape(-1) != j.reshape(-1)) & ((rij * rij).sum(1) < spec.cutoff**2)
     pair_i, pair_j, rij = i.reshape(-1)[keep], j.reshape(-1)[keep], rij[keep]
-    a = evaluate(potential, count, species, pair_i, pair_j, rij)
-    b = evaluate(reloaded, count, species, pair_i, pair_j, rij)
-    if not (
-        torch.equal(a.atom_energies, b.atom_energies) and torch.equal(a.pair_forces, b.pair_forces)
-    ):
+    system = {}
+    if spec.needs_positions:
+        # the line of atoms in a periodic box around it, with alternating charges
+        side = float(x[:, 0].max()) + 2.0 * spec.cutoff
+        system = {
+            "positions": x,
+            "cell": side * torch.eye(3, dtype=torch.float64),
+            "pbc": (True, True, True),
+            "charges": 1.0 - 2.0 * (torch.arange(count, dtype=torch.float64) % 2),
+        }
+    a = evaluate(potential, count, species, pair_i, pair_j, rij, **system)
+    b = evaluate(reloaded, count, species, pair_i, pair_j, rij, **system)
+    same = torch.equal(a.atom_energies, b.atom_energies) and torch.equal(
+        a.pair_forces, b.pair_forces
+    )
+    if spec.needs_positions:
+        same = same and torch.equal(a.atom_forces, b.atom_forces)
+    if not same:
         raise ValueError(f"{path}: the reloaded model gives other energies or forces")
 
 

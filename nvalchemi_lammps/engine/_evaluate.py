@@ -88,12 +88,12 @@ def evaluate(
         position_leaf = positions.detach().to(device, torch.float64).requires_grad_(True)
         cell_leaf = cell.detach().to(device, torch.float64).requires_grad_(True)
         leaves += [position_leaf, cell_leaf]
-        system = dict(
-            positions=position_leaf.to(dtype),
-            cell=cell_leaf.to(dtype),
-            pbc=tuple(bool(p) for p in pbc),
-            charges=None if charges is None else charges.to(device, dtype),
-        )
+        system = {
+            "positions": position_leaf.to(dtype),
+            "cell": cell_leaf.to(dtype),
+            "pbc": tuple(bool(p) for p in pbc),
+            "charges": None if charges is None else charges.to(device, dtype),
+        }
     graph = LocalGraph(
         nlocal=nlocal,
         species=species.to(device, non_blocking=True),

@@ -92,12 +92,12 @@ class PluginSession:
         inputs = {}
         if system is not None:
             positions, charges, cell, pbc = system
-            inputs = dict(
-                positions=_tensor(positions, torch.float64, ntotal, 3),
-                charges=None if charges is None else _tensor(charges, torch.float64, ntotal),
-                cell=_tensor(cell, torch.float64, 3, 3),
-                pbc=tuple(bool(p) for p in pbc),
-            )
+            inputs = {
+                "positions": _tensor(positions, torch.float64, ntotal, 3),
+                "charges": None if charges is None else _tensor(charges, torch.float64, ntotal),
+                "cell": _tensor(cell, torch.float64, 3, 3),
+                "pbc": tuple(bool(p) for p in pbc),
+            }
         result = evaluate(
             self.potential,
             nlocal,

@@ -91,17 +91,17 @@ class LennardJones(Potential):
                     table[a][b] = table[b][a] = float(pair[k])
         max_cut = max((max(row) for row in cut), default=float(cutoff))
         self.spec = ModelSpec(elements=tuple(elements), cutoff=max_cut, units=units, dtype=dtype)
-        self._config = dict(
-            elements=list(elements),
-            epsilon={e: float(epsilon[e]) for e in elements},
-            sigma={e: float(sigma[e]) for e in elements},
-            cutoff=float(cutoff),
-            pairs=pairs,
-            mixing=mixing,
-            shift=bool(shift),
-            units=units,
-            dtype=dtype,
-        )
+        self._config = {
+            "elements": list(elements),
+            "epsilon": {e: float(epsilon[e]) for e in elements},
+            "sigma": {e: float(sigma[e]) for e in elements},
+            "cutoff": float(cutoff),
+            "pairs": pairs,
+            "mixing": mixing,
+            "shift": bool(shift),
+            "units": units,
+            "dtype": dtype,
+        }
         # Same coefficients as lj/cut's init_one: lj3 = 4 eps sig^12, lj4 = 4 eps sig^6.
         f64 = torch.float64
         eps_t, sig_t, cut_t = (torch.tensor(t, dtype=f64) for t in (eps, sig, cut))

@@ -480,7 +480,7 @@ class Mace(Potential):
         if isinstance(model, dict) and "model" in model:  # a training checkpoint's wrapper
             model = model["model"]
         if not isinstance(model, torch.nn.Module):
-            raise ValueError(
+            raise ValueError(  # noqa: TRY004 - a file of the wrong kind is a bad input value
                 f"{path} holds a {type(model).__name__}, not a mace-torch model: weights "
                 "alone (a training checkpoint) cannot be used; give the saved model "
                 "(*.model) instead"

@@ -63,16 +63,16 @@ class MessagePassing(Potential):
             dtype=dtype,
             layers=int(layers),
         )
-        self._config = dict(
-            elements=list(elements),
-            cutoff=float(cutoff),
-            layers=int(layers),
-            features=int(features),
-            radial_basis=int(radial_basis),
-            seed=int(seed),
-            units=units,
-            dtype=dtype,
-        )
+        self._config = {
+            "elements": list(elements),
+            "cutoff": float(cutoff),
+            "layers": int(layers),
+            "features": int(features),
+            "radial_basis": int(radial_basis),
+            "seed": int(seed),
+            "units": units,
+            "dtype": dtype,
+        }
         generator = torch.Generator().manual_seed(seed)
         dt = self.spec.torch_dtype
 
