@@ -119,3 +119,39 @@ def atoms_per_rank(output: str, what: str = "Nlocal") -> list[tuple[int, int]]:
 def neighbor_list_builds(output: str) -> list[int]:
     """``Neighbor list builds = N`` of each run, in order."""
     return [int(n) for n in re.findall(r"^Neighbor list builds = (\d+)", output, re.MULTILINE)]
+
+
+def per_atom(atoms: dict[str, np.ndarray], columns: list[str]) -> np.ndarray:
+    """Dump columns side by side: ``(natoms, len(columns))``."""
+    return np.stack([atoms[c] for c in columns], axis=1)
+
+
+def assert_matches_reference(
+    label: str, atoms: dict, results: dict, ref, pressure: np.ndarray, stress: np.ndarray
+) -> None:
+    """A ``run 0`` through the plugin (dump with ``c_pe`` and ``c_stress[1..6]``, printed
+    ``pe`` and pressure components) against a single-process reference."""
+    assert_all_close(
+        label,
+        {
+            "energy": (np.array([results["pe"]]), np.array([ref.energy])),
+            "energy_per_atom": (atoms["c_pe"], ref.atom_energies),
+            "force": (per_atom(atoms, PER_ATOM["force"]), ref.forces),
+            "pressure": (np.array([results[p] for p in PRESSURE]), pressure),
+            "stress_per_atom": (per_atom(atoms, PER_ATOM["stress_per_atom"]), stress),
+        },
+    )
+
+
+def assert_strategies_agree(label: str, exchange: tuple, shell: tuple) -> None:
+    """Strategy exchange and strategy shell, each ``(dump, printed results)``, to 1e-12."""
+    (ex_atoms, ex_results), (sh_atoms, sh_results) = exchange, shell
+    assert_all_close(
+        label,
+        {
+            "energy": (np.array([ex_results["pe"]]), np.array([sh_results["pe"]])),
+            "energy_per_atom": (ex_atoms["c_pe"], sh_atoms["c_pe"]),
+            "force": (per_atom(ex_atoms, PER_ATOM["force"]), per_atom(sh_atoms, PER_ATOM["force"])),
+        },
+        tol=1e-12,
+    )

@@ -18,7 +18,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lammps_helpers import MEASURED, NPROCS, PRESSURE, assert_all_close, atoms_per_rank
+from lammps_helpers import (
+    MEASURED,
+    NPROCS,
+    PRESSURE,
+    assert_matches_reference,
+    assert_strategies_agree,
+    atoms_per_rank,
+)
 
 from nvalchemi_lammps import save_model
 from nvalchemi_lammps.lammps_run import read_dump, read_results, run_lammps, write_lammps_data
@@ -164,36 +171,12 @@ def test_mace_equals_reference(structure, nprocs, model, tmp_path):
         np.testing.assert_array_equal(atoms["id"], np.arange(1, len(ref.forces) + 1))
         glob = read_results(run.output, strategy.upper())
         got[strategy] = atoms, glob
-        assert_all_close(
-            f"mace/{structure.id}/{strategy}/np{nprocs}",
-            {
-                "energy": (np.array([glob["pe"]]), np.array([ref.energy])),
-                "energy_per_atom": (atoms["c_pe"], ref.atom_energies),
-                "force": (np.stack([atoms[c] for c in ("fx", "fy", "fz")], axis=1), ref.forces),
-                "pressure": (np.array([glob[p] for p in PRESSURE]), ref_pressure),
-                "stress_per_atom": (
-                    np.stack([atoms[f"c_stress[{k}]"] for k in range(1, 7)], axis=1),
-                    ref_stress,
-                ),
-            },
+        assert_matches_reference(
+            f"mace/{structure.id}/{strategy}/np{nprocs}", atoms, glob, ref, ref_pressure, ref_stress
         )
 
-    (ex_atoms, ex_glob), (sh_atoms, sh_glob) = got["exchange"], got["shell"]
-    assert_all_close(
-        f"mace/{structure.id}/exchange-vs-shell/np{nprocs}",
-        {
-            "energy": (np.array([ex_glob["pe"]]), np.array([sh_glob["pe"]])),
-            "energy_per_atom": (ex_atoms["c_pe"], sh_atoms["c_pe"]),
-            "force": (
-                np.stack([ex_atoms[c] for c in ("fx", "fy", "fz")], axis=1),
-                np.stack([sh_atoms[c] for c in ("fx", "fy", "fz")], axis=1),
-            ),
-            "pressure": (
-                np.array([ex_glob[p] for p in PRESSURE]),
-                np.array([sh_glob[p] for p in PRESSURE]),
-            ),
-        },
-        tol=1e-12,
+    assert_strategies_agree(
+        f"mace/{structure.id}/exchange-vs-shell/np{nprocs}", got["exchange"], got["shell"]
     )
 
 

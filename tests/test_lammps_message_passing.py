@@ -15,7 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lammps_helpers import NPROCS, PRESSURE, assert_all_close, atoms_per_rank, print_results
+from lammps_helpers import (
+    NPROCS,
+    PRESSURE,
+    assert_matches_reference,
+    assert_strategies_agree,
+    atoms_per_rank,
+    print_results,
+)
 
 from nvalchemi_lammps import MessagePassing, save_model
 from nvalchemi_lammps.lammps_run import read_dump, read_results, run_lammps, write_lammps_data
@@ -144,30 +151,8 @@ def test_message_passing_equals_reference(structure, nprocs, model, tmp_path):
             assert owned and owned[-1][0] == 0, f"no rank was left without atoms: {owned}"
         results[strategy] = (atoms, glob)
         label = f"mpnn/{structure.id}/{strategy}/np{nprocs}"
-        assert_all_close(
-            label,
-            {
-                "energy": (np.array([glob["pe"]]), np.array([ref.energy])),
-                "energy_per_atom": (atoms["c_pe"], ref.atom_energies),
-                "force": (np.stack([atoms["fx"], atoms["fy"], atoms["fz"]], axis=1), ref.forces),
-                "pressure": (np.array([glob[p] for p in PRESSURE]), ref_pressure),
-                "stress_per_atom": (
-                    np.stack([atoms[f"c_stress[{k}]"] for k in range(1, 7)], axis=1),
-                    ref_stress,
-                ),
-            },
-        )
+        assert_matches_reference(label, atoms, glob, ref, ref_pressure, ref_stress)
 
-    (ex_atoms, ex_glob), (sh_atoms, sh_glob) = results["exchange"], results["shell"]
-    assert_all_close(
-        f"mpnn/{structure.id}/exchange-vs-shell/np{nprocs}",
-        {
-            "energy": (np.array([ex_glob["pe"]]), np.array([sh_glob["pe"]])),
-            "force": (
-                np.stack([ex_atoms[c] for c in ("fx", "fy", "fz")], axis=1),
-                np.stack([sh_atoms[c] for c in ("fx", "fy", "fz")], axis=1),
-            ),
-            "energy_per_atom": (ex_atoms["c_pe"], sh_atoms["c_pe"]),
-        },
-        tol=1e-12,
+    assert_strategies_agree(
+        f"mpnn/{structure.id}/exchange-vs-shell/np{nprocs}", results["exchange"], results["shell"]
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import tempfile
 import time
 import tomllib
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from ._command import subcommand_main
 
 HELP = "run argon with pair_style nvalchemi and with lj/cut under mpirun and compare"
 #: Largest relative difference of step-0 energy, pressure and forces that passes.
@@ -252,16 +255,6 @@ def run(args: argparse.Namespace) -> int:
         return _demo(args, Path(tmp))
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="nvalchemi-lammps demo",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
     """``nvalchemi-lammps demo``; returns the exit code."""
-    return run(_parser().parse_args(argv))
+    return subcommand_main(sys.modules[__name__], "demo", argv)

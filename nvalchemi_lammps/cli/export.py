@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import sys
 import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ._command import subcommand_main
 
 if TYPE_CHECKING:
     from ..potentials import Potential
@@ -193,16 +196,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="nvalchemi-lammps export",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
     """``nvalchemi-lammps export``; returns the exit code."""
-    return run(_parser().parse_args(argv))
+    return subcommand_main(sys.modules[__name__], "export", argv)

@@ -21,6 +21,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ._command import subcommand_main
+
 HELP = "report LAMMPS, MPI, torch and whether pair_style nvalchemi works"
 #: Seconds the LAMMPS probe may take (it imports torch and runs a two-atom model).
 PROBE_TIMEOUT = 300.0
@@ -198,16 +200,6 @@ def run(args: argparse.Namespace) -> int:
     return 0 if works or (not args.check and lammps.get("nvalchemi")) else 1
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="nvalchemi-lammps info",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
     """``nvalchemi-lammps info``; returns the exit code."""
-    return run(_parser().parse_args(argv))
+    return subcommand_main(sys.modules[__name__], "info", argv)

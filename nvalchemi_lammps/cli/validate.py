@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import sys
 import tempfile
 import textwrap
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from ._command import subcommand_main
 
 if TYPE_CHECKING:
     from ..potentials import Potential
@@ -914,16 +917,6 @@ def run(args: argparse.Namespace) -> int:
         return _validate(args, Path(tmp))
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="nvalchemi-lammps validate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
     """``nvalchemi-lammps validate``; returns the exit code."""
-    return run(_parser().parse_args(argv))
+    return subcommand_main(sys.modules[__name__], "validate", argv)
