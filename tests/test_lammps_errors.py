@@ -156,3 +156,38 @@ def test_hung_run_is_killed_with_every_rank(tmp_path):
     assert "killed after 5 s" in run.output
     assert time.monotonic() - start < 60
     assert _processes_in(tmp_path) == []
+
+
+@pytest.mark.parametrize("nprocs", [2, 4], ids=lambda n: f"np{n}")
+def test_python_error_on_one_rank_ends_every_rank(nprocs, argon_data, tmp_path):
+    """A potential that raises on rank 1 only, while the other ranks wait for it in a ghost
+    exchange: the run stops with the exception's text, exit != 0, and no rank hangs."""
+    from _broken_models import FailingMessagePassing, importable_in_lammps
+
+    from nvalchemi_lammps import save_model
+
+    model = save_model(
+        FailingMessagePassing(["Ar"], cutoff=5.0, layers=2, failing_rank=1),
+        tmp_path / "failing.pt",
+    )
+    script = textwrap.dedent(
+        f"""\
+        units metal
+        atom_style atomic
+        read_data {argon_data}
+        pair_style nvalchemi {model} strategy exchange
+        pair_coeff * * Ar
+        run 0
+        """
+    )
+    env = {"PYTHONPATH": importable_in_lammps(tmp_path / "site")}
+    run = run_lammps(script, nprocs, tmp_path, timeout=TIMEOUT, env=env)
+    assert run.returncode != -9, f"hung, killed after {TIMEOUT} s:\n{run.output[-3000:]}"
+    assert run.returncode != 0, f"the failure went unnoticed:\n{run.output[-3000:]}"
+    errors = "\n".join(line for line in run.output.splitlines() if "ERROR" in line)
+    assert "Pair style nvalchemi failed: deliberate failure on rank 1" in errors, run.output[-3000:]
+    # MPI_Abort kills the other ranks; give the kernel a moment to reap them
+    deadline = time.monotonic() + 20
+    while _processes_in(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_in(tmp_path) == []

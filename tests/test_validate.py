@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _validate_models import UnderdeclaredMessagePassing, importable_in_lammps
+from _broken_models import UnderdeclaredMessagePassing, importable_in_lammps
 
 from nvalchemi_lammps import LennardJones, MessagePassing, save_model
 from nvalchemi_lammps.cli import COMMANDS

@@ -1,4 +1,5 @@
-"""A deliberately wrong model for the tests of ``nvalchemi-lammps validate``.
+"""Deliberately broken models, for the tests of ``nvalchemi-lammps validate`` and of how
+the pair style fails.
 
 :class:`UnderdeclaredMessagePassing` runs every layer of
 :class:`~nvalchemi_lammps.MessagePassing` but its spec declares fewer (``declared_layers``),
@@ -44,13 +45,30 @@ class UnderdeclaredMessagePassing(MessagePassing):
             self.spec = declared
 
 
+@register_potential
+class FailingMessagePassing(MessagePassing):
+    """:class:`MessagePassing` that raises in its first layer on one MPI rank only (read
+    from MPICH's ``PMI_RANK``), while the other ranks wait in the ghost exchange."""
+
+    name = "test_failing_message_passing"
+
+    def __init__(self, *args: Any, failing_rank: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._config["failing_rank"] = failing_rank
+
+    def forward(self, graph: LocalGraph) -> Any:
+        if os.environ.get("PMI_RANK") == str(self._config["failing_rank"]):
+            raise ValueError(f"deliberate failure on rank {self._config['failing_rank']}")
+        return super().forward(graph)
+
+
 #: Imports this module in LAMMPS's embedded interpreter only: there ``sys.argv`` is
 #: ``['']``; the ``lmp`` launcher (a Python script) need not import torch.
 _SITECUSTOMIZE = """\
 import sys
 
 if sys.argv in ([], [""]):
-    import _validate_models  # noqa: F401  (registers the test potentials)
+    import _broken_models  # noqa: F401  (registers the test potentials)
 """
 
 
