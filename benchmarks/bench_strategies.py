@@ -115,7 +115,7 @@ def worker(args: argparse.Namespace) -> None:
     (args.data.parent / f"rank{me}.json").write_text(
         json.dumps({"seconds": elapsed, "exchange": spent[0], "model": modelled[0]})
     )
-    lmp.close()
+    lmp.finalize()  # MPI_Finalize on every rank: else hydra may kill ranks still exiting
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -451,7 +451,7 @@ DRIVER = textwrap.dedent(
     seen = []
     compute = plugin.PluginSession.compute
 
-    def recording(self, nlocal, species, pair_i, pair_j, rij, energies, forces, comm):
+    def recording(self, nlocal, species, pair_i, pair_j, rij, energies, forces, comm, *system):
         ntotal = species.nbytes // 8
         tags = lmp.numpy.extract_atom("id", nelem=ntotal) if ntotal else np.zeros(0)
         saved = dict(
@@ -461,7 +461,9 @@ DRIVER = textwrap.dedent(
             pair_j=np.frombuffer(pair_j, np.int64).copy(),
             rij=np.frombuffer(rij, np.float64).reshape(-1, 3).copy(),
         )
-        energy = compute(self, nlocal, species, pair_i, pair_j, rij, energies, forces, comm)
+        energy = compute(
+            self, nlocal, species, pair_i, pair_j, rij, energies, forces, comm, *system
+        )
         saved.update(
             energy=energy, atom_energies=np.frombuffer(energies, np.float64).copy(),
             pair_forces=np.frombuffer(forces, np.float64).reshape(-1, 3).copy(),
@@ -478,7 +480,9 @@ DRIVER = textwrap.dedent(
             lmp.command(command)
     assert len(seen) == 1, len(seen)
     np.savez(f"{out}.rank{rank}.npz", **seen[0])
-    lmp.close()
+    # finalize, not close: a rank that leaves without MPI_Finalize makes MPICH's hydra kill
+    # the others (signal 9), which then fails the run at random
+    lmp.finalize()
     """
 )
 
