@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from importlib import metadata
 from typing import Any
 
 import torch
@@ -7,6 +8,10 @@ import torch
 from ..contract import LocalGraph, ModelSpec
 
 _REGISTRY: dict[str, type[Potential]] = {}
+
+#: Entry-point group through which other packages provide potentials: ``name = "pkg.mod:Cls"``
+#: makes model files of potential ``name`` loadable wherever that package is installed.
+ENTRY_POINT_GROUP = "nvalchemi_lammps.potentials"
 
 
 class Potential(torch.nn.Module):
@@ -45,7 +50,11 @@ def register_potential(cls: type[Potential]) -> type[Potential]:
 
 
 def potential_class(name: str) -> type[Potential]:
-    """The registered potential class called ``name``."""
+    """The potential class called ``name``: registered here, or provided by an installed
+    package through the ``nvalchemi_lammps.potentials`` entry-point group."""
+    if name not in _REGISTRY:
+        for entry in metadata.entry_points(group=ENTRY_POINT_GROUP, name=name):
+            _REGISTRY.setdefault(name, entry.load())
     try:
         return _REGISTRY[name]
     except KeyError:
