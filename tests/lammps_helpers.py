@@ -126,11 +126,16 @@ def per_atom(atoms: dict[str, np.ndarray], columns: list[str]) -> np.ndarray:
     return np.stack([atoms[c] for c in columns], axis=1)
 
 
-def assert_matches_reference(
-    label: str, atoms: dict, results: dict, ref, pressure: np.ndarray, stress: np.ndarray
-) -> None:
-    """A ``run 0`` through the plugin (dump with ``c_pe`` and ``c_stress[1..6]``, printed
-    ``pe`` and pressure components) against a single-process reference."""
+def assert_matches_reference(label: str, atoms: dict, results: dict, ref, cell) -> None:
+    """A ``run 0`` through the plugin without velocities (dump with ``c_pe`` and
+    ``c_stress[1..6]``, printed ``pe`` and pressure components, metal units) against a
+    single-process reference on the box ``cell``."""
+    from nvalchemi_lammps.reference import NKTV2P
+
+    tensor = ref.pressure(abs(float(np.linalg.det(cell))), units="metal")
+    pressure = tensor[[0, 1, 2, 0, 0, 1], [0, 1, 2, 1, 2, 2]]
+    # compute stress/atom reports -nktv2p x the per-atom virial
+    stress = -NKTV2P["metal"] * ref.atom_virials
     assert_all_close(
         label,
         {
