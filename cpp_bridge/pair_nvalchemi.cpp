@@ -216,7 +216,7 @@ void PairNvalchemi::compute(int eflag, int vflag)
 }
 
 /* ----------------------------------------------------------------------
-   global settings: pair_style nvalchemi <model file> [device D] [strategy S]
+   global settings: pair_style nvalchemi <model file> [device D] [strategy S] [charge Q]
 ------------------------------------------------------------------------- */
 
 void PairNvalchemi::settings(int narg, char **arg)
@@ -224,6 +224,7 @@ void PairNvalchemi::settings(int narg, char **arg)
   if (narg < 1) utils::missing_cmd_args(FLERR, "pair_style nvalchemi", error);
   std::string strategy = "auto";
   std::string device = "cpu";
+  double total_charge = 0.0;
   int iarg = 1;
   while (iarg < narg) {
     if (strcmp(arg[iarg], "device") == 0) {
@@ -236,6 +237,10 @@ void PairNvalchemi::settings(int narg, char **arg)
       if (strategy != "exchange" && strategy != "shell" && strategy != "auto")
         error->all(FLERR, "pair_style nvalchemi strategy must be exchange, shell or auto; got {}",
                    strategy);
+      iarg += 2;
+    } else if (strcmp(arg[iarg], "charge") == 0) {
+      if (iarg + 2 > narg) utils::missing_cmd_args(FLERR, "pair_style nvalchemi charge", error);
+      total_charge = utils::numeric(FLERR, arg[iarg + 1], false, lmp);
       iarg += 2;
     } else
       error->all(FLERR, "Unknown pair_style nvalchemi keyword: {}", arg[iarg]);
@@ -273,6 +278,7 @@ void PairNvalchemi::settings(int narg, char **arg)
   // the model may refuse a strategy: deterministic, so the same on every rank
   try {
     session->set_strategy(strategy);
+    session->set_total_charge(total_charge);
   } catch (std::exception &err) {
     error->all(FLERR, "pair_style nvalchemi: {}", err.what());
   }

@@ -295,6 +295,16 @@ void PythonSession::set_strategy(const std::string &strategy)
 
 /* ---------------------------------------------------------------------- */
 
+void PythonSession::set_total_charge(double charge)
+{
+  GilLock gil;
+  PyRef done(
+      PyObject_CallMethod(static_cast<PyObject *>(session_), "set_total_charge", "d", charge));
+  if (!done) raise_python_error("");
+}
+
+/* ---------------------------------------------------------------------- */
+
 std::vector<int> PythonSession::map_types(const std::vector<std::string> &names)
 {
   GilLock gil;

@@ -57,6 +57,8 @@ class PythonSession {
 
   // choose how ghosts reach past one cutoff: "exchange" or "shell"
   void set_strategy(const std::string &strategy);
+  // net charge of the whole system, for models that predict charges
+  void set_total_charge(double charge);
 
   // What a model with needs_positions() reads besides the pairs, and the two
   // extra results it gives: forces on owned and ghost atoms, and the part of

@@ -167,6 +167,7 @@ def evaluate_reference(
     pbc: Sequence[bool],
     species: np.ndarray,
     charges: np.ndarray | None = None,
+    total_charge: float = 0.0,
 ) -> ReferenceResult:
     """Evaluate ``potential`` on the whole periodic system in one process.
 
@@ -180,6 +181,7 @@ def evaluate_reference(
     :param pbc: periodicity of each lattice direction
     :param species: ``(N,)`` model element index of every atom, -1 for none
     :param charges: ``(N,)`` per-atom charges, for potentials that read them
+    :param total_charge: net charge of the system, for potentials that predict charges
 
     A potential whose spec ``needs_positions`` also gets positions, cell, periodicity and
     charges; its forces on atoms add to the forces, and its virial (``sum x f`` of those
@@ -219,6 +221,7 @@ def evaluate_reference(
         torch.from_numpy(pairs.pair_i),
         torch.from_numpy(pairs.pair_j),
         torch.from_numpy(pairs.rij),
+        total_charge=total_charge,
         **system,
     )
     fij = result.pair_forces.detach().cpu().numpy().astype(np.float64, copy=False)

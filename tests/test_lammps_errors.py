@@ -37,6 +37,7 @@ class BadInput:
     elements: str = "Ar"
     units: str = "metal"
     read_data: str = ""
+    style_args: str = ""
     before_box: str = ""
     before_run: str = ""
 
@@ -62,6 +63,15 @@ BAD_INPUTS = [
         ("cannot load model", "is not an nvalchemi-lammps model file"),
         model="other_format",
     ),
+    BadInput(
+        "unknown_keyword", ("Unknown pair_style nvalchemi keyword: colour",), style_args="colour red"
+    ),
+    BadInput(
+        "charge_not_a_number",
+        ("Expected floating point parameter instead of 'minus-one'",),
+        style_args="charge minus-one",
+    ),
+    BadInput("charge_missing", ("pair_style nvalchemi charge",), style_args="charge"),
     BadInput("newton_off", ("requires newton pair on",), before_box="newton off"),
     BadInput(
         "wrong_number_of_elements",
@@ -120,7 +130,7 @@ def test_bad_input_is_a_clear_error(case, nprocs, argon_data, models, bad_models
             mass * 39.948
             """,
             f"""
-            pair_style nvalchemi {model}
+            pair_style nvalchemi {model} {case.style_args}
             pair_coeff * * {case.elements}
             """,
             case.before_run,

@@ -29,6 +29,8 @@ class LocalGraph:
     :param pbc: periodicity of each lattice direction, likewise
     :param charges: ``(ntotal,)`` per-atom charges from LAMMPS (``atom_style charge``),
         if it has them, likewise
+    :param total_charge: net charge of the whole system in e (``pair_style nvalchemi ...
+        charge Q``), for potentials that predict charges under that constraint
     """
 
     nlocal: int
@@ -41,6 +43,7 @@ class LocalGraph:
     cell: torch.Tensor | None = None
     pbc: tuple[bool, bool, bool] | None = None
     charges: torch.Tensor | None = None
+    total_charge: float = 0.0
 
     @property
     def ntotal(self) -> int:

@@ -53,6 +53,7 @@ def evaluate(
     cell: torch.Tensor | None = None,
     pbc: tuple[bool, bool, bool] | None = None,
     charges: torch.Tensor | None = None,
+    total_charge: float = 0.0,
 ) -> Evaluation:
     """Run ``potential`` on one rank's graph and differentiate its owned energy.
 
@@ -63,7 +64,8 @@ def evaluate(
 
     A potential whose spec ``needs_positions`` also gets ``positions`` (float64, owned and
     ghost rows), ``cell``, ``pbc`` and ``charges`` (if any); it is differentiated with
-    respect to positions and cell too.
+    respect to positions and cell too. ``total_charge`` is the whole system's net charge,
+    the same on every rank.
     """
     if rij.dtype != torch.float64:
         raise TypeError(f"pair vectors must be float64, got {rij.dtype}")
@@ -101,6 +103,7 @@ def evaluate(
         pair_j=pair_j.to(device, non_blocking=True),
         rij=leaf.to(dtype),
         comm=comm or NoOpComm(),
+        total_charge=float(total_charge),
         **system,
     )
     energies = potential(graph)

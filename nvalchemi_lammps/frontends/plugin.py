@@ -38,6 +38,7 @@ class PluginSession:
         self.strategy = "local"
         self.uses_exchange = False
         self.set_strategy("auto")
+        self.total_charge = 0.0
         # LAMMPS's own thread count per rank (OMP_NUM_THREADS / -pk omp); torch's default
         # of one thread per core oversubscribes the cores shared by several ranks.
         torch.set_num_threads(max(1, num_threads))
@@ -67,6 +68,11 @@ class PluginSession:
                 f"(it supports: {', '.join(supported)})"
             )
         self.uses_exchange = self.strategy == "exchange"
+
+    def set_total_charge(self, charge: float) -> None:
+        """Net charge of the whole system (``pair_style ... charge Q``), handed to the model
+        every step; models that do not predict charges ignore it."""
+        self.total_charge = float(charge)
 
     def map_types(self, names: list[str]) -> list[int]:
         return map_elements(names, self.potential.spec.elements)
@@ -106,6 +112,7 @@ class PluginSession:
             _tensor(pair_j, torch.int64, npairs),
             _tensor(rij, torch.float64, npairs, 3),
             LammpsComm(collectives, exchange=self.uses_exchange),
+            total_charge=self.total_charge,
             **inputs,
         )
         _tensor(atom_energies_out, torch.float64, nlocal).copy_(result.atom_energies)
