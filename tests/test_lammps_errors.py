@@ -64,7 +64,9 @@ BAD_INPUTS = [
         model="other_format",
     ),
     BadInput(
-        "unknown_keyword", ("Unknown pair_style nvalchemi keyword: colour",), style_args="colour red"
+        "unknown_keyword",
+        ("Unknown pair_style nvalchemi keyword: colour",),
+        style_args="colour red",
     ),
     BadInput(
         "charge_not_a_number",
