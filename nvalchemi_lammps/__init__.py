@@ -33,6 +33,7 @@ _EXPORTS = {
     "LennardJones": ".potentials",
     "Mace": ".potentials",
     "MessagePassing": ".potentials",
+    "Pipeline": ".potentials",
     "Potential": ".potentials",
 }
 
@@ -48,6 +49,7 @@ __all__ = [
     "ModelFileError",
     "ModelSpec",
     "NoOpComm",
+    "Pipeline",
     "Potential",
     "evaluate",
     "load_model",

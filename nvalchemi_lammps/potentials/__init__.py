@@ -6,12 +6,14 @@ from .ewald import Ewald
 from .lennard_jones import LennardJones
 from .mace import Mace  # mace-torch itself is imported only when a MACE model is built
 from .message_passing import MessagePassing
+from .pipeline import Pipeline
 
 __all__ = [
     "Ewald",
     "LennardJones",
     "Mace",
     "MessagePassing",
+    "Pipeline",
     "Potential",
     "potential_class",
     "register_potential",

@@ -1,0 +1,110 @@
+"""A pipeline (Lennard-Jones + a 2-layer message-passing term + Ewald with fixed charges)
+through ``pair_style nvalchemi`` on 1, 2 and 4 ranks, both strategies, against the same
+pipeline on the whole periodic system without LAMMPS; exported from a TOML file.
+
+Per-atom stress is not compared: the reference's per-atom virial holds the pairwise part
+only, and Ewald's reciprocal part has no per-atom split.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from lammps_helpers import NPROCS, PRESSURE, assert_all_close, per_atom, print_results
+from test_pipeline import ELEMENTS, system, terms
+
+from nvalchemi_lammps import Pipeline
+from nvalchemi_lammps.cli import main as cli_main
+from nvalchemi_lammps.lammps_run import read_dump, read_results, run_lammps, write_lammps_data
+from nvalchemi_lammps.reference import evaluate_reference
+
+pytestmark = pytest.mark.lammps
+
+MASSES = [39.948, 83.798]
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory) -> tuple[Path, Path, object, np.ndarray]:
+    workdir = tmp_path_factory.mktemp("pipeline")
+    positions, cell, species = system(cells=3, seed=5)
+    data = write_lammps_data(workdir / "system.data", positions, cell, species + 1, MASSES)
+    pipeline = Pipeline(terms())
+    ref = evaluate_reference(pipeline, positions, cell, (True, True, True), species)
+    # the model file comes from a TOML configuration, as a user would write it
+    lj, mp, ew = (t.config() for t in pipeline.terms)
+    toml = workdir / "pipeline.toml"
+    toml.write_text(
+        textwrap.dedent(
+            f"""\
+            potential = "pipeline"
+
+            [[terms]]
+            potential = "lennard_jones"
+            elements = {lj["elements"]}
+            cutoff = {lj["cutoff"]}
+            epsilon = {{ Ar = {lj["epsilon"]["Ar"]}, Kr = {lj["epsilon"]["Kr"]} }}
+            sigma = {{ Ar = {lj["sigma"]["Ar"]}, Kr = {lj["sigma"]["Kr"]} }}
+
+            [[terms]]
+            potential = "message_passing"
+            elements = {mp["elements"]}
+            cutoff = {mp["cutoff"]}
+            layers = {mp["layers"]}
+            features = {mp["features"]}
+            seed = {mp["seed"]}
+
+            [[terms]]
+            potential = "ewald"
+            elements = {ew["elements"]}
+            cutoff = {ew["cutoff"]}
+            alpha = {ew["alpha"]}
+            kmax = {ew["kmax"]}
+            charges = {{ Ar = 0.4, Kr = -0.4 }}
+            """
+        ).replace("'", '"')
+    )
+    model = workdir / "pipeline.pt"
+    assert cli_main(["export", str(toml), "-o", str(model)]) == 0
+    return data, model, ref, cell
+
+
+def _run(data: Path, model: Path, nprocs: int, strategy: str, workdir: Path):
+    workdir.mkdir(parents=True, exist_ok=True)
+    script = textwrap.dedent(
+        f"""\
+        units metal
+        atom_style atomic
+        atom_modify map array
+        read_data {data}
+        pair_style nvalchemi {model} strategy {strategy}
+        pair_coeff * * {" ".join(ELEMENTS)}
+        compute pe all pe/atom
+        thermo_style custom step pe {" ".join(PRESSURE)}
+        dump d all custom 1 atoms.dump id fx fy fz c_pe
+        dump_modify d sort id format float "%.17g"
+        run 0
+        """
+    ) + print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
+    run = run_lammps(script, nprocs, workdir, timeout=600).check()
+    return read_dump(workdir / "atoms.dump"), read_results(run.output)
+
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
+def test_pipeline_equals_reference(case, nprocs, tmp_path):
+    data, model, ref, cell = case
+    tensor = ref.pressure(abs(float(np.linalg.det(cell))), units="metal")
+    pressure = tensor[[0, 1, 2, 0, 0, 1], [0, 1, 2, 1, 2, 2]]
+    for strategy in ("exchange", "shell"):
+        atoms, glob = _run(data, model, nprocs, strategy, tmp_path / strategy)
+        assert_all_close(
+            f"pipeline/{strategy}/np{nprocs}",
+            {
+                "energy": (np.array([glob["pe"]]), np.array([ref.energy])),
+                "energy_per_atom": (atoms["c_pe"], ref.atom_energies),
+                "force": (per_atom(atoms, ["fx", "fy", "fz"]), ref.forces),
+                "pressure": (np.array([glob[p] for p in PRESSURE]), pressure),
+            },
+        )
