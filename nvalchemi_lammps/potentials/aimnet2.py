@@ -1,0 +1,477 @@
+"""AIMNet2 (the ``aimnet`` package) on a LocalGraph, its charge equilibration summed over ranks.
+
+The potential runs the modules of an ``aimnet.models.AIMNet2`` itself, in the order of its own
+``forward_prepared``: the element embedding, the AEV of every pair (``AEVSV._calc_aev``), then
+per pass the convolutions of atom features and charges (``ConvSV``) and an MLP whose output
+updates the charges and the features, and after the last pass the output heads. The graph's
+directed pairs are handed to aimnet's modules in aimnet's own "mode 1" layout (a padded
+neighbor matrix, one row per atom, and a dummy last atom that padding points to), so the
+convolutions are aimnet's, CUDA kernel included; the matrix is filled from ``pair_i``,
+``pair_j``, ``rij`` and no neighbor search is done here.
+
+What differs from aimnet, and why:
+
+- charge equilibration (``aimnet.ops.nse``) spreads each pass's charge excess over the whole
+  system: its two sums (``mol_sum`` of the raw charges and of the weights) run over owned
+  atoms only and are added up over ranks with ``graph.comm.allreduce``; the net charge is
+  ``graph.total_charge`` (``pair_style nvalchemi ... charge Q``);
+- after every pass but the last the updated features and charges go through
+  ``graph.comm.forward_exchange``, so that ghost rows hold their owners' values for the next
+  pass's convolutions (the identity under the widened ghost shell, where ghosts compute their
+  own): ``layers`` is the number of passes;
+- per-atom energies are returned instead of aimnet's per-system sum (``AtomicSum``);
+- the long-range heads are dropped: ``LRCoulomb`` (aimnet's Coulomb energy of the predicted
+  charges) and ``DFTD3``/``D3TS`` (dispersion). Pipelines of this package add Ewald/PME and
+  DFT-D3 as terms of their own; :meth:`AIMNet2.outputs` provides the charges for that.
+  ``SRCoulomb`` (which removes the short-range Coulomb part a model learned, for use with an
+  external full Coulomb term) is kept, evaluated per pair.
+
+aimnet is an optional dependency (``pip install 'nvalchemi-lammps[toolkit]'``), imported only
+when an AIMNet2 model is built. Spin-polarized models (two charge channels) are refused.
+AIMNet2 is trained in float32, the default here; ``dtype = "float64"`` casts the weights, for
+checks of exactness. Per-element energy shifts stay in float64, as aimnet keeps them, so the
+energies come back in float64 whatever the dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..contract import LocalGraph, ModelSpec
+from ._base import Potential, register_potential
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+#: Element symbols of atomic numbers 1..63: AIMNet2 embeds elements up to Z = 63.
+SYMBOLS = (
+    "H He Li Be B C N O F Ne Na Mg Al Si P S Cl Ar K Ca Sc Ti V Cr Mn Fe Co Ni Cu Zn Ga Ge As "
+    "Se Br Kr Rb Sr Y Zr Nb Mo Tc Ru Rh Pd Ag Cd In Sn Sb Te I Xe Cs Ba La Ce Pr Nd Pm Sm Eu"
+).split()
+
+#: Output heads of an aimnet model, by class name: evaluated here, or dropped (module doc).
+KEPT_OUTPUTS = ("Output", "AtomicShift", "AtomicSum", "SRCoulomb")
+DROPPED_OUTPUTS = ("LRCoulomb", "DFTD3", "D3TS")
+
+#: Net charges further than this from an integer are refused (|Q| above MAX_CHARGE too).
+CHARGE_TOLERANCE = 1e-6
+MAX_CHARGE = 100.0
+
+_INSTALL_HINT = (
+    "the aimnet2 potential needs aimnet: pip install 'nvalchemi-lammps[toolkit]' "
+    "(or pip install aimnet)"
+)
+
+_AIMNET: Any = None
+
+
+def _aimnet() -> Any:
+    """The ``aimnet`` package, imported once.
+
+    Importing it initializes Warp, which prints a banner to stdout: that banner is dropped,
+    anything else printed is kept.
+    """
+    global _AIMNET
+    if _AIMNET is not None:
+        return _AIMNET
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured):
+            import aimnet
+            import aimnet.config
+            import aimnet.models
+            import aimnet.models.artifact_validation
+            import aimnet.models.base
+            import aimnet.models.utils
+            import aimnet.modules
+    except ImportError as err:
+        raise ImportError(f"{_INSTALL_HINT} ({err})") from err
+    finally:
+        banner = ("Warp ", "   CUDA Toolkit", "   Devices:", '     "', "   Kernel cache:", "     /")
+        for line in captured.getvalue().splitlines():
+            if not line.startswith(banner):
+                print(line, file=sys.stdout)
+    _AIMNET = aimnet
+    return _AIMNET
+
+
+def packaged_config() -> dict[str, Any]:
+    """aimnet's packaged ``aimnet2.yaml`` (the AIMNet2 architecture) as plain data, without
+    its long-range Coulomb head."""
+    import yaml
+
+    aimnet = _aimnet()
+    path = Path(aimnet.models.__file__).parent / "aimnet2.yaml"
+    config = yaml.safe_load(path.read_text())
+    config["kwargs"]["outputs"].pop("lrcoulomb", None)
+    return config
+
+
+def _without_dropped(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` without the output heads this module drops; other unknown heads refused."""
+    config = copy.deepcopy(config)
+    outputs = config.get("kwargs", {}).get("outputs", {})
+    if not isinstance(outputs, dict):
+        raise ValueError("AIMNet2 configuration: outputs must be a table of named heads")
+    for key in list(outputs):
+        kind = str(outputs[key].get("class", "")).rsplit(".", 1)[-1]
+        if kind in DROPPED_OUTPUTS:
+            del outputs[key]
+        elif kind not in KEPT_OUTPUTS:
+            raise ValueError(
+                f"AIMNet2 output head {key} of class {kind} is not supported "
+                f"(supported: {', '.join(KEPT_OUTPUTS)}; dropped: {', '.join(DROPPED_OUTPUTS)})"
+            )
+    return config
+
+
+def build_model(config: dict[str, Any]) -> torch.nn.Module:
+    """An ``aimnet.models.AIMNet2`` from its configuration (random weights; the random
+    initialization leaves torch's generator alone). Only classes aimnet itself trusts when
+    it loads model files may be named.
+
+    :raises ValueError: another model class, or a spin-polarized model
+    """
+    aimnet = _aimnet()
+    if str(config.get("class", "")).rsplit(".", 1)[-1] != "AIMNet2":
+        raise ValueError(
+            f"unsupported aimnet model class {config.get('class')} (supported: AIMNet2)"
+        )
+    policy = aimnet.models.artifact_validation.resolve_model_import_policy(None, "extend")
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+        model = aimnet.config.build_module(
+            copy.deepcopy(config),
+            allow_file_references=False,
+            import_authorizer=policy.require_allowed,
+        )
+    if model.num_charge_channels != 1:
+        raise ValueError("spin-polarized AIMNet2 models (two charge channels) are not supported")
+    return model
+
+
+def _check_total_charge(charge: float) -> torch.Tensor:
+    if not (math.isfinite(charge) and abs(charge) <= MAX_CHARGE):
+        raise ValueError(f"total charge must be finite and at most {MAX_CHARGE:g} e, got {charge}")
+    if abs(charge - round(charge)) > CHARGE_TOLERANCE:
+        raise ValueError(f"total charge must be an integer number of e, got {charge}")
+    return torch.tensor(charge)
+
+
+# --- the potential -------------------------------------------------------------------------
+
+
+@register_potential
+class AIMNet2(Potential):
+    """An aimnet ``AIMNet2`` model (closed shell) without its long-range heads.
+
+    Per-atom energy = the energy head's output from the atom's final features, plus its
+    element's shift, minus the atom's share of the short-range Coulomb energy where the model
+    has ``SRCoulomb``. Charges are equilibrated to ``graph.total_charge`` over the whole
+    system. Energies in eV, lengths in Angstrom (``units metal``); the cutoff is the AEV's
+    ``rc_s``; ``layers`` is the number of passes.
+
+    Build one with random weights from aimnet's packaged architecture with
+    :meth:`random_weights`, or from an aimnet model file with :meth:`from_checkpoint`; the
+    constructor takes :meth:`config`'s plain data.
+
+    :param model: aimnet model configuration as plain data (``class`` and ``kwargs``, as in
+        aimnet's ``aimnet2.yaml``); long-range heads are dropped
+    :param elements: element symbols the model is used for, in model order
+    :param dtype: ``float32`` (default, as AIMNet2 is trained) or ``float64``
+    """
+
+    name = "aimnet2"
+
+    def __init__(self, model: dict[str, Any], elements: list[str], dtype: str = "float32") -> None:
+        super().__init__()
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}; got '{dtype}'")
+        elements = list(elements)
+        unknown = [e for e in elements if e not in SYMBOLS]
+        if unknown:
+            raise ValueError(
+                f"element(s) {', '.join(unknown)} not in AIMNet2, which embeds elements "
+                f"{SYMBOLS[0]}..{SYMBOLS[-1]} (Z = 1..{len(SYMBOLS)})"
+            )
+        config = _without_dropped(model)
+        network = build_model(config).to(_DTYPES[dtype]).eval()
+        _aimnet().models.utils.convert_atomic_shifts_to_float64(network)
+        for parameter in network.parameters():
+            parameter.requires_grad_(False)
+        self.model = network
+        self.register_buffer(
+            "atomic_numbers",
+            torch.tensor([SYMBOLS.index(e) + 1 for e in elements], dtype=torch.int64),
+            persistent=False,
+        )
+        self.spec = ModelSpec(
+            elements=tuple(elements),
+            cutoff=float(network.aev.rc_s),
+            units="metal",
+            dtype=dtype,
+            layers=len(network.mlps),
+        )
+        self._config = {"model": config, "elements": elements, "dtype": dtype}
+
+    def config(self) -> dict[str, Any]:
+        return copy.deepcopy(self._config)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self.check_elements()
+        return result
+
+    def check_elements(self) -> None:
+        """Every element has a finite embedding (aimnet fills the rows of elements a model
+        was not trained on with NaN).
+
+        :raises ValueError: naming the elements the weights do not cover
+        """
+        rows = self.model.afv.weight[self.atomic_numbers]
+        missing = [
+            e for e, ok in zip(self.spec.elements, torch.isfinite(rows).all(dim=1)) if not ok
+        ]
+        if missing:
+            raise ValueError(f"element(s) {', '.join(missing)} not in this AIMNet2 model")
+
+    @classmethod
+    def random_weights(
+        cls,
+        elements: list[str],
+        seed: int = 0,
+        dtype: str = "float32",
+        model: dict[str, Any] | None = None,
+    ) -> AIMNet2:
+        """AIMNet2 with random weights drawn with ``seed`` (for tests and benchmarks).
+
+        :param model: architecture (default: aimnet's packaged ``aimnet2.yaml``)
+        """
+        config = packaged_config() if model is None else model
+        # the constructor draws the weights from torch's generator, forked: seed the fork
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return cls(config, elements, dtype=dtype)
+
+    @classmethod
+    def from_checkpoint(
+        cls, path: str | Path, elements: list[str] | None = None, dtype: str = "float32"
+    ) -> AIMNet2:
+        """Load an aimnet model file (format 2, ``*.pt``: a configuration and weights, read
+        with ``torch.load(weights_only=True)``; legacy TorchScript ``*.jpt`` files are not
+        supported).
+
+        :param elements: element symbols to use (default: every element the model implements)
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"AIMNet2 model file {path} not found")
+        if path.suffix.lower() == ".jpt":
+            raise ValueError(
+                f"{path}: legacy TorchScript AIMNet2 files are not supported; use a format-2 "
+                "*.pt model file (aimnet's model registry provides them)"
+            )
+        aimnet = _aimnet()
+        policy = aimnet.models.artifact_validation.resolve_model_import_policy(None, "extend")
+        data = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            config, state = aimnet.models.artifact_validation.validate_v2_artifact_with_policy(
+                data, policy
+            )
+        except (ValueError, TypeError, KeyError) as err:
+            raise ValueError(f"{path} is not an aimnet model file: {err}") from None
+        if elements is None:
+            species = data.get("implemented_species") or []
+            elements = [SYMBOLS[z - 1] for z in species if 1 <= z <= len(SYMBOLS)]
+        potential = cls(_plain(config), elements, dtype=dtype)
+        state = dict(state)
+        for key, value in potential.model.state_dict().items():
+            if key in state:
+                state[key] = state[key].to(value.dtype)
+        dropped = {k for k in state if k not in potential.model.state_dict()}
+        heads = tuple(f"outputs.{k}." for k in _dropped_heads(config))
+        stray = sorted(k for k in dropped if not k.startswith(heads))
+        if stray:
+            raise ValueError(f"{path}: weights the AIMNet2 model does not have: {stray[:5]}")
+        potential.model.load_state_dict({k: v for k, v in state.items() if k not in dropped})
+        potential.check_elements()
+        return potential
+
+    @classmethod
+    def from_export_config(cls, config: dict[str, Any]) -> AIMNet2:
+        """What ``nvalchemi-lammps export`` builds from a TOML file with
+        ``potential = "aimnet2"``: ``checkpoint`` (an aimnet ``*.pt`` model file) or ``seed``
+        (random weights from aimnet's packaged architecture), ``elements`` (required with
+        ``seed``), ``dtype``.
+        """
+        allowed = ("checkpoint", "seed", "elements", "dtype")
+        unknown = sorted(set(config) - set(allowed))
+        if unknown:
+            raise ValueError(
+                f"unknown key(s) {', '.join(unknown)} for potential aimnet2 "
+                f"(allowed: potential, {', '.join(allowed)})"
+            )
+        if ("checkpoint" in config) == ("seed" in config):
+            raise ValueError(
+                'potential aimnet2 needs either checkpoint = "<aimnet model file>" or '
+                "seed = <integer> (random weights)"
+            )
+        dtype = config.get("dtype", "float32")
+        try:
+            if "checkpoint" in config:
+                return cls.from_checkpoint(config["checkpoint"], config.get("elements"), dtype)
+            if "elements" not in config:
+                raise ValueError("potential aimnet2 with random weights needs key elements")
+            return cls.random_weights(config["elements"], int(config["seed"]), dtype)
+        except ImportError as err:  # the CLI reports ValueErrors as one line
+            raise ValueError(str(err)) from None
+
+    # --- evaluation ------------------------------------------------------------------------
+
+    def forward(self, graph: LocalGraph) -> torch.Tensor:
+        return self.outputs(graph)["energies"]
+
+    def outputs(self, graph: LocalGraph) -> dict[str, torch.Tensor]:
+        """Per-atom ``energies`` and ``charges`` (both ``(ntotal,)``) of every row.
+
+        Energies are right for owned rows (the engine sums those); charges for every row:
+        ghost rows hold their owners' charges, or their own under the widened shell.
+        """
+        return _evaluate(self.model, graph, self.atomic_numbers, self.spec.torch_dtype)
+
+
+def _plain(config: Any) -> Any:
+    """A configuration read from a model file as JSON-like plain data."""
+    if isinstance(config, dict):
+        return {str(k): _plain(v) for k, v in config.items()}
+    if isinstance(config, list | tuple):
+        return [_plain(v) for v in config]
+    return config
+
+
+def _dropped_heads(config: dict[str, Any]) -> list[str]:
+    outputs = config.get("kwargs", {}).get("outputs", {})
+    return [
+        k
+        for k, v in outputs.items()
+        if str(v.get("class", "")).rsplit(".", 1)[-1] in DROPPED_OUTPUTS
+    ]
+
+
+def _mode1_inputs(
+    graph: LocalGraph, numbers: torch.Tensor, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    """aimnet's flat "mode 1" layout of ``graph``: rows ``0..ntotal-1`` are the atoms and
+    row ``ntotal`` a dummy; ``nbmat[i]`` lists the senders of the pairs received by ``i``,
+    padded with the dummy, ``r_ij`` their pair vectors (padding: 1, as aimnet pads)."""
+    n, device = graph.ntotal, graph.species.device
+    order = torch.argsort(graph.pair_i, stable=True)
+    receiver, sender = graph.pair_i[order], graph.pair_j[order]
+    counts = torch.bincount(receiver, minlength=n + 1)
+    width = int(counts.max()) if graph.npairs else 0
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(graph.npairs, device=device) - starts[receiver]
+    nbmat = torch.full((n + 1, width), n, dtype=torch.int64, device=device)
+    nbmat[receiver, slot] = sender
+    r_ij = torch.ones(n + 1, width, 3, dtype=dtype, device=device)
+    r_ij = r_ij.index_put((receiver, slot), graph.rij[order].to(dtype))
+    return {
+        "numbers": torch.cat([numbers, numbers.new_zeros(1)]),
+        "nbmat": nbmat,
+        "r_ij": r_ij,
+        "mask_ij": nbmat == n,
+        "mask_i": torch.arange(n + 1, device=device) == n,
+        "_nb_mode": torch.tensor(1),
+        "_input_padded": torch.tensor(True),
+    }
+
+
+def _evaluate(
+    model: torch.nn.Module, graph: LocalGraph, atomic_numbers: torch.Tensor, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    """``AIMNet2.forward_prepared`` on one rank's graph (module docstring)."""
+    n, nlocal = graph.ntotal, graph.nlocal
+    mapped = graph.species >= 0
+    numbers = torch.where(mapped, atomic_numbers[graph.species.clamp(min=0)], 0)
+    data = _mode1_inputs(graph, numbers, dtype)
+    r_ij = data.pop("r_ij")
+    d_ij = torch.linalg.vector_norm(r_ij, dim=-1)
+    data["d_ij"] = d_ij
+    data["g_sv"] = model.aev._calc_aev(r_ij, d_ij, data)
+    # atoms the passes update: not the dummy, not NULL types (no pairs, zero features)
+    real = torch.cat([mapped, mapped.new_zeros(1)])[:, None]
+    total = _check_total_charge(graph.total_charge).to(device=d_ij.device, dtype=dtype)
+
+    features = model.afv(data["numbers"])
+    if model.d2features:
+        features = features.unflatten(-1, (model.nfeature, model.nshifts_s))
+    data["a"] = features
+    last = len(model.mlps) - 1
+    for ipass, mlp in enumerate(model.mlps):
+        if ipass == 0:
+            inputs = model._prepare_in_a(data)
+        else:
+            inputs = torch.cat([model._prepare_in_a(data), model._prepare_in_q(data)], dim=-1)
+        out = torch.where(real, mlp(inputs), 0.0)
+        if ipass == last:
+            data["aim"] = out
+            break
+        raw, weight, delta = out.split([1, 1, out.shape[-1] - 2], dim=-1)
+        charges = raw if ipass == 0 else data["charges"] + raw
+        charges = _equilibrate(charges, weight.pow(2), total, nlocal, graph)
+        features = data["a"] + delta.view_as(data["a"])
+        # ghosts take their owners' features and charges for the next pass's convolutions
+        rows = torch.cat([features[:n].flatten(1), charges[:n]], dim=1)
+        rows = graph.comm.forward_exchange(rows)
+        width = rows.shape[1] - 1
+        data["a"] = torch.cat([rows[:, :width].reshape(features[:n].shape), features[n:]])
+        data["charges"] = torch.cat([rows[:, width:], charges[n:]])
+
+    charges = data["charges"].squeeze(-1)
+    data["charges"] = charges
+    energies = torch.zeros(n + 1, dtype=torch.float64, device=d_ij.device)
+    for head in model.outputs.children():
+        kind = type(head).__name__
+        if kind == "Output":
+            energies = energies + head.mlp(data[head.key_in]).squeeze(-1).double()
+        elif kind == "AtomicShift":
+            energies = energies + head.shifts(data["numbers"]).squeeze(-1).double()
+        elif kind == "SRCoulomb":
+            energies = energies - _short_range_coulomb(head, data)
+        # AtomicSum: the engine sums the owned rows
+    energies = torch.where(real[:, 0], energies, 0.0)
+    return {"energies": energies[:n], "charges": charges[:n]}
+
+
+def _equilibrate(
+    charges: torch.Tensor,
+    weights: torch.Tensor,
+    total: torch.Tensor,
+    nlocal: int,
+    graph: LocalGraph,
+) -> torch.Tensor:
+    """``aimnet.ops.nse`` with its two sums over the whole system: owned rows, summed over
+    ranks (one all-reduce). The excess charge goes to every atom in proportion to its weight."""
+    local = torch.cat([weights[:nlocal].sum(0), charges[:nlocal].sum(0)])
+    weight_sum, charge_sum = graph.comm.allreduce(local).unbind(0)
+    return charges + weights / (weight_sum + 1.0e-6) * (total - charge_sum)
+
+
+def _short_range_coulomb(head: torch.nn.Module, data: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Per-atom share of ``SRCoulomb``'s energy, which aimnet sums over each atom's full
+    neighbor row: the same sum, kept per receiving atom (half of each pair's energy)."""
+    aimnet = _aimnet()
+    d_ij, charges = data["d_ij"], data["charges"]
+    q_j = charges.index_select(0, data["nbmat"].flatten()).view_as(d_ij)
+    if head.envelope == "exp":
+        cutoff = aimnet.ops.exp_cutoff(d_ij, head.rc)
+    else:
+        cutoff = aimnet.ops.cosine_cutoff(d_ij, float(head.rc))
+    e_ij = (cutoff * charges[:, None] * q_j / d_ij).masked_fill(data["mask_ij"], 0.0)
+    return head._factor * e_ij.sum(-1, dtype=torch.float64)
