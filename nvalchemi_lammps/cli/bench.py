@@ -85,7 +85,7 @@ def read_bench_config(path: Path) -> BenchConfig:
     else:
         data = tomllib.loads(text)
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of keys")
+        raise ValueError(f"{path}: expected a mapping of keys")  # noqa: TRY004 (a user's file)
     known = {f for f in BenchConfig.__dataclass_fields__ if f != "folder"}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -229,10 +229,12 @@ def _progress(done: int, total: int, what: str) -> None:
 
 
 def format_rows(rows: list[Row]) -> list[str]:
-    lines = [
+    header = (
         f"{'atoms':>9} {'ranks':>5} {'ms/step':>9} {'atom-steps/s':>13} {'ns/day':>9} "
-        f"{'lammps':>8} {'bridge':>8} {'model':>8} {'collect.':>8} {'MiB/rank':>9} {'dF(step0)':>10}"
-    ]
+        f"{'lammps':>8} {'bridge':>8} {'model':>8} {'collect.':>8} {'MiB/rank':>9} "
+        f"{'dF(step0)':>10}"
+    )
+    lines = [header]
     for r in rows:
         memory = r.peak_gpu_mib if r.peak_gpu_mib is not None else r.peak_host_mib
         lines.append(
