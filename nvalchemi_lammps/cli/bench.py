@@ -17,7 +17,8 @@ The configuration (YAML, or TOML) names the model and the runs, e.g.
     elements: [Ar]                # one per LAMMPS type
     ranks: [1, 2, 4]
     steps: 50                     # also: warmup, repeats, device, strategy, units,
-                                  # timestep, temperature, threads, tolerance
+                                  # timestep, temperature, threads, tolerance, types
+                                  # (random; checkerboard: rock salt on an even sc lattice)
 
 Paths in the configuration are relative to its own folder. Results go to
 ``--out`` as ``bench_<name>.json`` and a plot ``bench_<name>.png`` (atom-steps/s against
@@ -64,6 +65,7 @@ class BenchConfig:
     timestep: float | None = None
     temperature: float = 300.0
     threads: int = 1
+    types: str = "random"  # or "checkerboard": rock salt from an sc lattice of even size
     tolerance: float | None = None  # step-0 agreement across ranks; from the dtype if None
     folder: Path = Path(".")
 
@@ -94,6 +96,8 @@ def read_bench_config(path: Path) -> BenchConfig:
     if missing:
         raise ValueError(f"{path}: missing key(s) {', '.join(missing)}")
     config = BenchConfig(**data, folder=path.resolve().parent)
+    if config.types not in ("random", "checkerboard"):
+        raise ValueError(f"{path}: types must be random or checkerboard")
     if config.units not in _TIMESTEP:
         raise ValueError(f"{path}: units must be one of {', '.join(_TIMESTEP)}")
     if min(config.ranks) < 1 or min(config.atoms) < 1 or config.steps < 1 or config.repeats < 1:
@@ -296,6 +300,11 @@ def run(args: argparse.Namespace) -> int:
             cells = max(1, round((wanted / per_cell) ** (1.0 / 3.0)))
             lattice = parse_lattice(f"{kind}:{constant}:{cells}")
             positions, cell, types = build_lattice(lattice, len(config.elements), seed=cells)
+            if config.types == "checkerboard":
+                # alternating types by site parity (rock salt on an even sc lattice):
+                # the sites are the positions rounded to the lattice
+                sites = np.rint(positions / lattice.constant).astype(int) % cells
+                types = sites.sum(axis=1) % len(config.elements) + 1
             from ..lammps_run import write_lammps_data
 
             data = write_lammps_data(tmp / f"{cells}.data", positions, cell, types, masses)
