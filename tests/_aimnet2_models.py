@@ -95,3 +95,28 @@ def aimnet_forward(model: torch.nn.Module, system: System, charge: float = 0.0) 
         "virial": -grad_strain.numpy(),
         "charges": out["charges"].detach()[:n].numpy(),
     }
+
+
+#: Scale of the charge-weight outputs in :func:`random_aimnet2` (see there).
+CHARGE_WEIGHT_SCALE = 30.0
+
+
+def random_aimnet2(seed: int = 0, dtype: str = "float64", model: dict | None = None):
+    """AIMNet2 with random weights from aimnet's packaged architecture, made to equilibrate
+    charges like a trained model.
+
+    aimnet's equilibration (``aimnet.ops.nse``) hands each atom a share ``f_i / (F + 1e-6)``
+    of the charge excess, ``F = sum f_i``. Its random initialization gives ``f_i`` of
+    ~1e-4, so the 1e-6 leaves ~1e-4 e of the net charge unassigned; trained models have
+    ``f_i`` of order one. The MLP output rows that make ``f`` (``f = out[1]**2``) are
+    scaled by :data:`CHARGE_WEIGHT_SCALE`, which makes the unassigned part ~1e-7 e.
+    """
+    from nvalchemi_lammps.potentials.aimnet2 import AIMNet2
+
+    potential = AIMNet2.random_weights(list(ELEMENTS), seed=seed, dtype=dtype, model=model)
+    with torch.no_grad():
+        for mlp in potential.model.mlps[:-1]:
+            last = [m for m in mlp if isinstance(m, torch.nn.Linear)][-1]
+            last.weight[1] *= CHARGE_WEIGHT_SCALE
+            last.bias[1] *= CHARGE_WEIGHT_SCALE
+    return potential

@@ -51,10 +51,14 @@ from ._base import Potential, register_potential
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 #: Element symbols of atomic numbers 1..63: AIMNet2 embeds elements up to Z = 63.
+# fmt: off
 SYMBOLS = (
-    "H He Li Be B C N O F Ne Na Mg Al Si P S Cl Ar K Ca Sc Ti V Cr Mn Fe Co Ni Cu Zn Ga Ge As "
-    "Se Br Kr Rb Sr Y Zr Nb Mo Tc Ru Rh Pd Ag Cd In Sn Sb Te I Xe Cs Ba La Ce Pr Nd Pm Sm Eu"
-).split()
+    "H", "He", "Li", "Be", "B", "C", "N", "O", "F", "Ne", "Na", "Mg", "Al", "Si", "P", "S",
+    "Cl", "Ar", "K", "Ca", "Sc", "Ti", "V", "Cr", "Mn", "Fe", "Co", "Ni", "Cu", "Zn", "Ga", "Ge",
+    "As", "Se", "Br", "Kr", "Rb", "Sr", "Y", "Zr", "Nb", "Mo", "Tc", "Ru", "Rh", "Pd", "Ag", "Cd",
+    "In", "Sn", "Sb", "Te", "I", "Xe", "Cs", "Ba", "La", "Ce", "Pr", "Nd", "Pm", "Sm", "Eu",
+)
+# fmt: on
 
 #: Output heads of an aimnet model, by class name: evaluated here, or dropped (module doc).
 KEPT_OUTPUTS = ("Output", "AtomicShift", "AtomicSum", "SRCoulomb")
@@ -119,7 +123,9 @@ def _without_dropped(config: dict[str, Any]) -> dict[str, Any]:
     config = copy.deepcopy(config)
     outputs = config.get("kwargs", {}).get("outputs", {})
     if not isinstance(outputs, dict):
-        raise ValueError("AIMNet2 configuration: outputs must be a table of named heads")
+        raise ValueError(  # noqa: TRY004 - a bad configuration value
+            "AIMNet2 configuration: outputs must be a table of named heads"
+        )
     for key in list(outputs):
         kind = str(outputs[key].get("class", "")).rsplit(".", 1)[-1]
         if kind in DROPPED_OUTPUTS:
