@@ -98,7 +98,7 @@ def aimnet_forward(model: torch.nn.Module, system: System, charge: float = 0.0) 
 
 
 #: Scale of the charge-weight outputs in :func:`random_aimnet2` (see there).
-CHARGE_WEIGHT_SCALE = 30.0
+CHARGE_WEIGHT_SCALE = 100.0
 
 
 def random_aimnet2(seed: int = 0, dtype: str = "float64", model: dict | None = None):
@@ -109,7 +109,7 @@ def random_aimnet2(seed: int = 0, dtype: str = "float64", model: dict | None = N
     of the charge excess, ``F = sum f_i``. Its random initialization gives ``f_i`` of
     ~1e-4, so the 1e-6 leaves ~1e-4 e of the net charge unassigned; trained models have
     ``f_i`` of order one. The MLP output rows that make ``f`` (``f = out[1]**2``) are
-    scaled by :data:`CHARGE_WEIGHT_SCALE`, which makes the unassigned part ~1e-7 e.
+    scaled by :data:`CHARGE_WEIGHT_SCALE`, which makes the unassigned part ~1e-8 e.
     """
     from nvalchemi_lammps.potentials.aimnet2 import AIMNet2
 

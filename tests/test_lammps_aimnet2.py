@@ -53,8 +53,8 @@ CASES = [
 ]
 PROCESSORS = {1: "", 2: "processors 2 1 1", 4: "processors 2 1 2"}
 #: float32 LAMMPS run vs the float32 reference: the same float32 operations summed in another
-#: order (neighbor sums, index_add over pairs, the all-reduce). Measured ~1e-7 (energy) to
-#: ~1e-6 (forces, virial); an error of the function shows up at 1e-2 (test_aimnet2.py).
+#: order (neighbor sums, index_add over pairs, the all-reduce). Measured 2e-9 (energy) to
+#: 7e-7 (forces, virial); an error of the function shows up at 1e-4 (test_aimnet2.py).
 FLOAT32_TOLERANCE = 1e-5
 
 
