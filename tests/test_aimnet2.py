@@ -343,3 +343,38 @@ def test_aimnet_missing_at_export(monkeypatch):
     monkeypatch.setitem(sys.modules, "aimnet", None)
     with pytest.raises(ValueError, match=re.escape("the aimnet2 potential needs aimnet: pip")):
         AIMNet2.from_export_config({"seed": 0, "elements": ["H"]})
+
+
+def test_from_checkpoint(tmp_path):
+    """An aimnet model file (format 2: configuration, weights, metadata; here with the
+    SRCoulomb head of models meant for an external Coulomb term) gives the same potential."""
+    import yaml
+
+    potential = _with_short_range_coulomb(seed=2)
+    config = potential.config()["model"]
+    artifact = {
+        "format_version": 2,
+        "model_yaml": yaml.safe_dump(config),
+        "state_dict": potential.model.state_dict(),
+        "cutoff": CUTOFF,
+        "implemented_species": [1, 6, 7, 8],
+        "needs_coulomb": True,
+        "needs_dispersion": False,
+        "coulomb_mode": "sr_embedded",
+        "coulomb_sr_rc": 4.6,
+        "coulomb_sr_envelope": "exp",
+        "has_embedded_lr": True,
+    }
+    torch.save(artifact, tmp_path / "model.pt")
+    loaded = AIMNet2.from_export_config(
+        {"checkpoint": str(tmp_path / "model.pt"), "dtype": "float64"}
+    )
+    assert loaded.spec == potential.spec
+    a, b = _reference(loaded, SYSTEM, 1.0), _reference(potential, SYSTEM, 1.0)
+    assert a.energy == b.energy and np.array_equal(a.forces, b.forces)
+    with pytest.raises(ValueError, match=re.escape("element(s) Fe not in this AIMNet2 model")):
+        state = dict(artifact["state_dict"])
+        state["afv.weight"] = state["afv.weight"].clone()
+        state["afv.weight"][26] = float("nan")
+        torch.save({**artifact, "state_dict": state}, tmp_path / "model.pt")
+        AIMNet2.from_checkpoint(tmp_path / "model.pt", elements=["H", "Fe"])
