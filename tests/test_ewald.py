@@ -21,7 +21,7 @@ LATTICE = 5.64
 PBC = (True, True, True)
 
 
-def _rock_salt(cells: int, displacement: float = 0.0, seed: int = 0):
+def rock_salt(cells: int, displacement: float = 0.0, seed: int = 0):
     fcc = np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.5]])
     grid = np.array(
         [[i, j, k] for i in range(cells) for j in range(cells) for k in range(cells)], float
@@ -35,7 +35,7 @@ def _rock_salt(cells: int, displacement: float = 0.0, seed: int = 0):
     return positions, cell, species, np.where(species == 0, 1.0, -1.0)
 
 
-def _small_triclinic(net_charge: float = -0.4, seed: int = 3):
+def small_triclinic(net_charge: float = -0.4, seed: int = 3):
     """12 ions of random charge in a skewed cell."""
     rng = np.random.default_rng(seed)
     cell = np.array([[7.0, 0.0, 0.0], [1.5, 6.5, 0.0], [-1.0, 1.2, 7.5]])
@@ -50,7 +50,7 @@ def _energy(potential, positions, cell, species, charges) -> float:
 
 
 def test_rock_salt_madelung_constant():
-    positions, cell, species, charges = _rock_salt(2)
+    positions, cell, species, charges = rock_salt(2)
     potential = Ewald(["Na", "Cl"], cutoff=12.0, alpha=0.5, kmax=12)
     pairs = len(positions) // 2
     expected = -pairs * MADELUNG * QQR2E["metal"] / (LATTICE / 2)
@@ -61,9 +61,9 @@ def test_rock_salt_madelung_constant():
 @pytest.mark.parametrize("system", ["rock-salt-displaced", "triclinic-charged"])
 def test_energy_is_independent_of_alpha(system):
     if system == "rock-salt-displaced":
-        positions, cell, species, charges = _rock_salt(2, displacement=0.3, seed=1)
+        positions, cell, species, charges = rock_salt(2, displacement=0.3, seed=1)
     else:  # net charge: the neutralizing background must make it alpha-independent too
-        positions, cell, species, charges = _small_triclinic()
+        positions, cell, species, charges = small_triclinic()
     energies = [
         _energy(
             Ewald(["Na", "Cl"], cutoff=14.0, alpha=a, kmax=14, background=True),
@@ -79,7 +79,7 @@ def test_energy_is_independent_of_alpha(system):
 
 @pytest.mark.parametrize("net_charge", [0.0, -0.4], ids=["neutral", "charged"])
 def test_forces_and_virial_are_derivatives_of_the_energy(net_charge):
-    positions, cell, species, charges = _small_triclinic(net_charge)
+    positions, cell, species, charges = small_triclinic(net_charge)
     potential = Ewald(["X"], cutoff=6.0, alpha=0.5, kmax=6, background=True)
     ref = evaluate_reference(potential, positions, cell, PBC, species, charges=charges)
     h = 1e-5
@@ -107,7 +107,7 @@ def test_forces_and_virial_are_derivatives_of_the_energy(net_charge):
 
 
 def test_fixed_element_charges_equal_per_atom_charges():
-    positions, cell, species, charges = _rock_salt(1, displacement=0.2, seed=2)
+    positions, cell, species, charges = rock_salt(1, displacement=0.2, seed=2)
     per_atom = Ewald(["Na", "Cl"], cutoff=8.0, alpha=0.4, kmax=6)
     fixed = Ewald(["Na", "Cl"], cutoff=8.0, alpha=0.4, kmax=6, charges={"Na": 1.0, "Cl": -1.0})
     a = evaluate_reference(per_atom, positions, cell, PBC, species, charges=charges)
@@ -128,7 +128,7 @@ class _CountingComm(NoOpComm):
 @pytest.mark.parametrize("nlocal", [0, 8])
 def test_every_rank_issues_the_same_collectives(nlocal):
     """A rank with no atoms issues the same collectives, of the same sizes, as any other."""
-    positions, cell, species, charges = _rock_salt(1)
+    positions, cell, species, charges = rock_salt(1)
     potential = Ewald(["Na", "Cl"], cutoff=5.0, alpha=0.5, kmax=4)
     comm = _CountingComm()
     result = evaluate(
@@ -202,7 +202,7 @@ def test_every_rank_issues_the_same_collectives(nlocal):
     ],
 )
 def test_errors(kwargs, graph_change, message):
-    positions, cell, species, charges = _rock_salt(1)
+    positions, cell, species, charges = rock_salt(1)
     charges = charges + graph_change.pop("shift", 0.0)
     with pytest.raises(ValueError, match=re.escape(message)):
         potential = Ewald(["Na", "Cl"], cutoff=5.0, **kwargs)
@@ -212,7 +212,7 @@ def test_errors(kwargs, graph_change, message):
 
 def test_explicit_alpha_within_the_accuracy_is_accepted():
     """The alpha LAMMPS derives for this cutoff and accuracy passes the real-space check."""
-    positions, cell, species, charges = _rock_salt(1)
+    positions, cell, species, charges = rock_salt(1)
     derived = Ewald(["Na", "Cl"], cutoff=5.0, accuracy=1e-5)
     alpha, kmax = derived.parameters_for(
         torch.from_numpy(cell), len(positions), float((charges**2).sum())
@@ -227,17 +227,17 @@ def test_explicit_alpha_within_the_accuracy_is_accepted():
 SLAB_PBC = (True, True, False)
 
 
-def _slab(net_charge: float = 0.0):
+def slab_system(net_charge: float = 0.0):
     """Rock salt, 2x2x2 cells, with Na shifted up and Cl down along z (a dipole normal to
     the slab), in a box periodic in x and y, 16 A high."""
-    positions, cell, species, charges = _rock_salt(2, displacement=0.2, seed=4)
+    positions, cell, species, charges = rock_salt(2, displacement=0.2, seed=4)
     positions[:, 2] += np.where(species == 0, 0.15, -0.15) + 2.0
     cell[2, 2] = 16.0
     charges = charges + net_charge / len(charges)
     return positions, cell, species, charges
 
 
-def _slab_energy(positions, cell, charges, slab: float) -> float:
+def slab_energy(positions, cell, charges, slab: float) -> float:
     """LAMMPS's ``slabcorr`` energy: ``2 pi / V (M^2 - Q sum q z^2 - Q^2 Lz^2 / 12)`` over
     the extended box (metal units)."""
     height = slab * cell[2, 2]
@@ -252,7 +252,7 @@ def _slab_energy(positions, cell, charges, slab: float) -> float:
 def test_slab_is_the_extended_box_plus_the_dipole_correction(net_charge):
     """Ewald with slab 3 = Ewald of the box three times higher, periodic in z too (no pair
     reaches an image across the vacuum), plus LAMMPS's dipole correction."""
-    positions, cell, species, charges = _slab(net_charge)
+    positions, cell, species, charges = slab_system(net_charge)
     kwargs = {"cutoff": 6.0, "alpha": 0.5, "kmax": [6, 6, 12], "background": True}
     slab = evaluate_reference(
         Ewald(["Na", "Cl"], slab=3.0, **kwargs), positions, cell, SLAB_PBC, species, charges
@@ -262,7 +262,7 @@ def test_slab_is_the_extended_box_plus_the_dipole_correction(net_charge):
     periodic = evaluate_reference(
         Ewald(["Na", "Cl"], **kwargs), positions, extended, PBC, species, charges
     )
-    correction = _slab_energy(positions, cell, charges, 3.0)
+    correction = slab_energy(positions, cell, charges, 3.0)
     assert abs(correction) > 1e-3 * abs(slab.energy)  # the dipole matters
     assert slab.energy == pytest.approx(periodic.energy + correction, rel=1e-13, abs=0.0)
     # its force: -4 pi qqr2e q_i (M - Q z_i) / V along z
@@ -276,7 +276,7 @@ def test_slab_is_the_extended_box_plus_the_dipole_correction(net_charge):
 def test_slab_forces_and_virial_are_derivatives_of_the_energy():
     """Forces by finite differences; the virial too, without the slab correction's part,
     which LAMMPS leaves out of the pressure and so do we."""
-    positions, cell, species, charges = _slab(net_charge=0.6)
+    positions, cell, species, charges = slab_system(net_charge=0.6)
     potential = Ewald(
         ["Na", "Cl"], cutoff=6.0, alpha=0.5, kmax=[6, 6, 12], slab=3.0, background=True
     )
@@ -300,7 +300,7 @@ def test_slab_forces_and_virial_are_derivatives_of_the_energy():
             strain = np.eye(3)
             strain[a, b] += sign * h
             x, box = positions @ strain, cell @ strain
-            differences.append(energy(x, box) - _slab_energy(x, box, charges, 3.0))
+            differences.append(energy(x, box) - slab_energy(x, box, charges, 3.0))
         # the background's volume dependence is left out as well (see the periodic test)
         volume = 3.0 * abs(np.linalg.det(cell))
         background = -QQR2E["metal"] * np.pi * charges.sum() ** 2 / (2 * 0.5**2 * volume)
@@ -312,7 +312,7 @@ def test_slab_forces_and_virial_are_derivatives_of_the_energy():
 def test_gradient_with_respect_to_charges():
     """Charges a model predicts get the full derivative of the energy, global sums (net
     charge, dipole) included: autograd dE/dq against finite differences."""
-    positions, cell, species, charges = _slab(net_charge=0.6)
+    positions, cell, species, charges = slab_system(net_charge=0.6)
     potential = Ewald(
         ["Na", "Cl"], cutoff=6.0, alpha=0.5, kmax=[6, 6, 12], slab=3.0, background=True
     )

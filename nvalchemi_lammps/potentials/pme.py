@@ -262,8 +262,8 @@ class Pme(Coulomb):
             + index[:, 2, None, None, :]
         )
         weights = w[:, 0, :, None, None] * w[:, 1, None, :, None] * w[:, 2, None, None, :]
-        count = positions.shape[0]
-        return points.reshape(count, -1), weights.reshape(count, -1)
+        shape = (positions.shape[0], order**3)  # explicit: a rank may own no atoms
+        return points.reshape(shape), weights.reshape(shape)
 
 
 def bspline_weights(f: torch.Tensor, order: int) -> torch.Tensor:
