@@ -36,7 +36,7 @@ MASSES = [22.98977, 35.453]
 LAMMPS_TOLERANCE = 2e-6
 
 
-def _rock_salt(
+def rock_salt(
     cells_z: int = CELLS, periodic_z: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     fcc = np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.5]])
@@ -64,7 +64,7 @@ SLAB_PROCESSORS = {1: "", 2: "processors 1 1 2", 4: "processors 1 1 4"}
 
 
 def slab_rock_salt() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    positions, cell, types, charges = _rock_salt(SLAB_CELLS, periodic_z=False)
+    positions, cell, types, charges = rock_salt(SLAB_CELLS, periodic_z=False)
     positions[:, 2] += np.where(types == 1, SLAB_SHIFT, -SLAB_SHIFT) + SLAB_BOTTOM
     cell[2, 2] = SLAB_HEIGHT
     return positions, cell, types, charges
@@ -72,12 +72,12 @@ def slab_rock_salt() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory) -> Path:
-    positions, cell, types, charges = _rock_salt()
+    positions, cell, types, charges = rock_salt()
     path = tmp_path_factory.mktemp("nacl") / "nacl.data"
     return write_lammps_data(path, positions, cell, types, MASSES, charges=charges)
 
 
-def _script(data: Path, interaction: str, atom_style: str = "charge", setup: str = "") -> str:
+def lammps_script(data: Path, interaction: str, atom_style: str = "charge", setup: str = "") -> str:
     return textwrap.dedent(
         f"""\
         units metal
@@ -94,7 +94,7 @@ def _script(data: Path, interaction: str, atom_style: str = "charge", setup: str
     ) + print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
 
 
-def _coul_long(kspace: str) -> str:
+def coul_long(kspace: str) -> str:
     return f"pair_style coul/long {CUTOFF}\npair_coeff * *\npair_modify table 0\n{kspace}"
 
 
@@ -103,14 +103,14 @@ def lammps_choice(system, tmp_path_factory) -> tuple[float, tuple[int, int, int]
     """alpha and kmax per direction that ``kspace_style ewald ACCURACY`` picks (as printed)."""
     workdir = tmp_path_factory.mktemp("probe")
     run = run_lammps(
-        _script(system, _coul_long(f"kspace_style ewald {ACCURACY}")), 1, workdir, timeout=300
+        lammps_script(system, coul_long(f"kspace_style ewald {ACCURACY}")), 1, workdir, timeout=300
     ).check()
     alpha = float(re.search(r"G vector \(1/distance\) = (\S+)", run.output).group(1))
     kmax = re.search(r"kxmax kymax kzmax\s+=\s+(\d+) (\d+) (\d+)", run.output).groups()
     return alpha, tuple(int(k) for k in kmax)
 
 
-def _results(workdir: Path, output: str) -> dict[str, np.ndarray]:
+def read_outputs(workdir: Path, output: str) -> dict[str, np.ndarray]:
     atoms, glob = read_dump(workdir / "atoms.dump"), read_results(output)
     return {
         "energy": np.array([glob["pe"]]),
@@ -126,8 +126,8 @@ def lammps_ewald(system, lammps_choice, tmp_path_factory) -> dict[str, np.ndarra
     kspace = (
         f"kspace_style ewald {ACCURACY}\nkspace_modify gewald {alpha!r} kmax/ewald {kx} {ky} {kz}"
     )
-    run = run_lammps(_script(system, _coul_long(kspace)), 1, workdir, timeout=300).check()
-    return _results(workdir, run.output)
+    run = run_lammps(lammps_script(system, coul_long(kspace)), 1, workdir, timeout=300).check()
+    return read_outputs(workdir, run.output)
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +139,8 @@ def model(lammps_choice, tmp_path_factory) -> Path:
 
 def _ours(system: Path, model: Path, nprocs: int, workdir: Path) -> dict[str, np.ndarray]:
     interaction = f"pair_style nvalchemi {model}\npair_coeff * * Na Cl"
-    run = run_lammps(_script(system, interaction), nprocs, workdir, timeout=300).check()
-    return _results(workdir, run.output)
+    run = run_lammps(lammps_script(system, interaction), nprocs, workdir, timeout=300).check()
+    return read_outputs(workdir, run.output)
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,7 @@ def test_accuracy_gives_lammps_parameters(lammps_choice):
     """``Ewald(accuracy=...)`` derives the alpha and kmax LAMMPS prints for the same input."""
     import torch
 
-    positions, cell, _, charges = _rock_salt()
+    positions, cell, _, charges = rock_salt()
     potential = Ewald(["Na", "Cl"], cutoff=CUTOFF, accuracy=ACCURACY)
     alpha, kmax = potential.parameters_for(
         torch.as_tensor(cell), float(len(positions)), float((charges**2).sum())
@@ -178,10 +178,10 @@ def test_ewald_equals_lammps_ewald(system, model, lammps_ewald, ours_one_rank, n
 
 @pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])
 def test_ewald_without_charges_is_an_error(system, model, nprocs, tmp_path):
-    positions, cell, types, _ = _rock_salt()
+    positions, cell, types, _ = rock_salt()
     data = write_lammps_data(tmp_path / "atomic.data", positions, cell, types, MASSES)
     interaction = f"pair_style nvalchemi {model}\npair_coeff * * Na Cl"
-    run = run_lammps(_script(data, interaction, "atomic"), nprocs, tmp_path, timeout=120)
+    run = run_lammps(lammps_script(data, interaction, "atomic"), nprocs, tmp_path, timeout=120)
     assert run.returncode not in (0, -9), run.output[-2000:]
     assert "ewald needs per-atom charges" in run.output, run.output[-2000:]
 
@@ -206,7 +206,7 @@ def test_remaining_difference_is_the_erfc_fit_of_coul_long(lammps_choice, lammps
     from nvalchemi_lammps.reference import evaluate_reference
 
     alpha, kmax = lammps_choice
-    positions, cell, types, charges = _rock_salt()
+    positions, cell, types, charges = rock_salt()
     potential = Ewald(["Na", "Cl"], cutoff=CUTOFF, alpha=alpha, kmax=list(kmax))
     ref = evaluate_reference(potential, positions, cell, (True,) * 3, types - 1, charges=charges)
     shift = erfc_fit_shift(ref, charges, alpha, potential.qqr2e)
@@ -224,7 +224,7 @@ def slab(tmp_path_factory) -> Path:
     return write_lammps_data(path, positions, cell, types, MASSES, charges=charges)
 
 
-def _slab_setup(nprocs: int) -> str:
+def slab_setup(nprocs: int) -> str:
     return f"boundary p p f\n{SLAB_PROCESSORS[nprocs]}"
 
 
@@ -232,9 +232,9 @@ def _slab_setup(nprocs: int) -> str:
 def lammps_ewald_slab(slab, tmp_path_factory) -> tuple[dict[str, np.ndarray], str]:
     workdir = tmp_path_factory.mktemp("lammps_ewald_slab")
     kspace = f"kspace_style ewald {ACCURACY}\nkspace_modify slab {SLAB_FACTOR}"
-    script = _script(slab, _coul_long(kspace), setup=_slab_setup(1))
+    script = lammps_script(slab, coul_long(kspace), setup=slab_setup(1))
     run = run_lammps(script, 1, workdir, timeout=300).check()
-    return _results(workdir, run.output), run.output
+    return read_outputs(workdir, run.output), run.output
 
 
 @pytest.fixture(scope="module")
@@ -245,9 +245,9 @@ def slab_model(tmp_path_factory) -> Path:
 
 def _ours_slab(slab: Path, model: Path, nprocs: int, workdir: Path) -> tuple[dict, str]:
     interaction = f"pair_style nvalchemi {model}\npair_coeff * * Na Cl"
-    script = _script(slab, interaction, setup=_slab_setup(nprocs))
+    script = lammps_script(slab, interaction, setup=slab_setup(nprocs))
     run = run_lammps(script, nprocs, workdir, timeout=300).check()
-    return _results(workdir, run.output), run.output
+    return read_outputs(workdir, run.output), run.output
 
 
 @pytest.fixture(scope="module")
