@@ -148,6 +148,12 @@ class Coulomb(Potential):
     def config(self) -> dict[str, Any]:
         return dict(self._config)
 
+    @property
+    def periodicity(self) -> tuple[bool, bool, bool]:
+        """The box this potential runs in: periodic in x, y and z, or with a slab in x and
+        y only (``boundary p p f``)."""
+        return (True, True, self.slab is None)
+
     # --- what a subclass provides -----------------------------------------------------
 
     def _resolution(
