@@ -278,3 +278,19 @@ def test_model_file_round_trip(tmp_path):
     )
     assert a.energy == b.energy
     np.testing.assert_array_equal(a.forces, b.forces)
+
+
+def test_example_config_exports(tmp_path, capsys):
+    """lammps_inputs/nacl_pme.toml exports (and passes the export's reload check)."""
+    from pathlib import Path
+
+    from nvalchemi_lammps import load_model
+    from nvalchemi_lammps.cli import export as export_cli
+
+    config = Path(__file__).resolve().parents[1] / "lammps_inputs" / "nacl_pme.toml"
+    out = tmp_path / "nacl_pme.pt"
+    assert export_cli.main([str(config), "-o", str(out)]) == 0
+    capsys.readouterr()
+    model = load_model(out)
+    assert isinstance(model, Pme)
+    assert (model.accuracy, model.order, model.spec.cutoff) == (1e-5, 5, 10.0)
