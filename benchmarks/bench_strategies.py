@@ -194,11 +194,16 @@ def main(argv: list[str] | None = None) -> int:
                     row[f"{strategy}_ms"] = statistics.median(steps)
                     row[f"{strategy}_exchange_share"] = statistics.median(shares)
                     row[f"{strategy}_model_ms"] = statistics.median(models)
+                    # what the pair style and LAMMPS add to the model's own time
+                    row[f"{strategy}_overhead_ms"] = row[f"{strategy}_ms"] - statistics.median(
+                        models
+                    )
                     print(
                         f"{args.model} {natoms:7d} atoms {ranks} ranks {strategy:8s}: "
                         f"{row[f'{strategy}_ms']:9.2f} ms/step, model forward+backward "
                         f"{row[f'{strategy}_model_ms']:9.2f} ms (step/model "
-                        f"{row[f'{strategy}_ms'] / row[f'{strategy}_model_ms']:.3f}), "
+                        f"{row[f'{strategy}_ms'] / row[f'{strategy}_model_ms']:.3f}, "
+                        f"overhead {row[f'{strategy}_overhead_ms']:.2f} ms), "
                         f"{100 * row[f'{strategy}_exchange_share']:.1f}% in exchanges",
                         flush=True,
                     )

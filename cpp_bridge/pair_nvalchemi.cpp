@@ -4,9 +4,14 @@
    Each step the pair style gives the model this rank's atoms (owned rows
    first, then ghosts, as LAMMPS stores them) and every directed pair (i, j)
    with i owned and r_ij < cutoff, and takes back the owned atoms' energies
-   and the pair forces fij = +dE/drij. Forces on ghost atoms are left for
-   LAMMPS's reverse communication (newton pair on), so a multi-rank run equals
-   a single-process one to rounding.
+   and the pair forces fij = +dE/drij, or their sums per atom. Forces on ghost
+   atoms are left for LAMMPS's reverse communication (newton pair on), so a
+   multi-rank run equals a single-process one to rounding.
+
+   A model on a GPU gets the pairs only when LAMMPS rebuilds its neighbor list
+   (all candidates, skin included) and positions every step: it builds rij and
+   applies the cutoff on the device, and returns per-atom forces unless
+   per-pair ones are needed (per-atom virial).
 ------------------------------------------------------------------------- */
 
 #include "pair_nvalchemi.h"
@@ -26,6 +31,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 using namespace LAMMPS_NS;
@@ -68,8 +74,10 @@ PairNvalchemi::PairNvalchemi(LAMMPS *lmp) :
     Pair(lmp), session(nullptr), cutoff(0.0), layers(1), shell(0), map(nullptr),
     exchange_rows(nullptr), exchange_width(0), exchange_offset(0), exchange_count(0), maxatom(0),
     maxpair(0),
-    species(nullptr), pair_i(nullptr), pair_j(nullptr), rij(nullptr), pair_forces(nullptr),
-    atom_energies(nullptr), atom_forces(nullptr)
+    species(nullptr), owner(nullptr), candidate_i(nullptr), candidate_j(nullptr),
+    ncandidates(0), topology_stamp(-1), topology_ntotal(-1), local_exchange(0),
+    pair_i(nullptr), pair_j(nullptr), rij(nullptr), pair_forces(nullptr), atom_energies(nullptr),
+    atom_forces(nullptr)
 {
   single_enable = 0;
   restartinfo = 0;
@@ -87,6 +95,9 @@ PairNvalchemi::~PairNvalchemi()
   if (copymode) return;
   delete session;
   memory->destroy(species);
+  memory->destroy(owner);
+  memory->destroy(candidate_i);
+  memory->destroy(candidate_j);
   memory->destroy(pair_i);
   memory->destroy(pair_j);
   memory->destroy(rij);
@@ -109,78 +120,61 @@ void PairNvalchemi::compute(int eflag, int vflag)
 
   double **x = atom->x;
   double **f = atom->f;
-  const int *type = atom->type;
   const int nlocal = atom->nlocal;
   const int ntotal = nlocal + atom->nghost;
-  const int inum = list->inum;
-  const int *ilist = list->ilist;
-  const int *numneigh = list->numneigh;
-  int **firstneigh = list->firstneigh;
 
-  // receivers: owned atoms; with the widened shell also ghosts, whose
-  // features are then computed here instead of being exchanged
-  const int nreceivers = shell ? inum + list->gnum : inum;
+  // Atom order, types and the neighbor list change only when LAMMPS rebuilds the list:
+  // a model on a GPU keeps the topology (species, candidate pairs, owner map) there
+  // in between and gets only positions each step.
+  const bool filtered = !session->on_device();
+  const bool rebuilt = neighbor->ncalls != topology_stamp || ntotal != topology_ntotal;
+  if (rebuilt) build_topology();
+  // host: the pairs within the cutoff each step; GPU: the candidates, sent when rebuilt
+  bigint *slot_i = filtered ? pair_i : candidate_i;
+  bigint *slot_j = filtered ? pair_j : candidate_j;
 
-  int maxneigh = 0;
-  for (int ii = 0; ii < nreceivers; ii++) maxneigh += numneigh[ilist[ii]];
-  grow_buffers(ntotal, maxneigh);
-
-  for (int k = 0; k < ntotal; k++) species[k] = map[type[k]];
-
-  // every directed pair inside the model cutoff
-  const double cutsq_model = cutoff * cutoff;
-  int npairs = 0;
-  for (int ii = 0; ii < nreceivers; ii++) {
-    const int i = ilist[ii];
-    if (species[i] < 0) continue;
-    const int *jlist = firstneigh[i];
-    for (int jj = 0; jj < numneigh[i]; jj++) {
-      const int j = jlist[jj] & NEIGHMASK;
-      if (species[j] < 0) continue;
-      const double dx = x[j][0] - x[i][0];
-      const double dy = x[j][1] - x[i][1];
-      const double dz = x[j][2] - x[i][2];
-      if (dx * dx + dy * dy + dz * dz < cutsq_model) {
-        pair_i[npairs] = i;
-        pair_j[npairs] = j;
-        rij[3 * npairs + 0] = dx;
-        rij[3 * npairs + 1] = dy;
-        rij[3 * npairs + 2] = dz;
-        npairs++;
-      }
-    }
-  }
-
-  // positions, charges and the cell, for models with non-pairwise terms
-  PythonSession::System system{};
+  PythonSession::Step step{};
+  step.nlocal = nlocal;
+  step.ntotal = ntotal;
+  step.positions = ntotal ? &x[0][0] : nullptr;
+  step.new_topology = rebuilt || filtered;
+  step.species = species;
+  step.local_exchange = local_exchange != 0;
+  step.owner = owner;
+  step.filtered = filtered;
+  step.npairs = filtered ? pairs_in_cutoff() : ncandidates;
+  step.capacity = maxpair;
+  step.pair_i = slot_i;
+  step.pair_j = slot_j;
+  step.rij = rij;
+  step.want_pairs = vflag_either != 0;
   if (session->needs_positions()) {
-    system.positions = ntotal ? &x[0][0] : nullptr;
-    system.charges = atom->q_flag ? atom->q : nullptr;
+    step.charges = atom->q_flag ? atom->q : nullptr;
     const double *h = domain->h;    // xprd yprd zprd yz xz xy
     const double cell[9] = {h[0], 0.0, 0.0, h[5], h[1], 0.0, h[4], h[3], h[2]};
-    std::copy(cell, cell + 9, system.cell);
-    system.periodic[0] = domain->xperiodic;
-    system.periodic[1] = domain->yperiodic;
-    system.periodic[2] = domain->zperiodic;
-    system.atom_forces = atom_forces;
-    system.virial = extra_virial;
+    std::copy(cell, cell + 9, step.cell);
+    step.periodic[0] = domain->xperiodic;
+    step.periodic[1] = domain->yperiodic;
+    step.periodic[2] = domain->zperiodic;
   }
 
-  double energy = 0.0;
+  PythonSession::Result result{};
+  result.atom_energies = atom_energies;
+  result.pair_forces = pair_forces;
+  result.atom_forces = atom_forces;
+  result.virial = extra_virial;
   PairCollectives collectives(this, atom, world);
   try {
-    energy = session->compute(nlocal, ntotal, species, npairs, pair_i, pair_j, rij,
-                              atom_energies, pair_forces, &collectives,
-                              session->needs_positions() ? &system : nullptr);
+    session->compute(step, result, &collectives);
   } catch (std::exception &err) {
     // rank-local failure: error->one aborts every rank instead of leaving the
     // others waiting in the next collective
     error->one(FLERR, "Pair style nvalchemi failed: {}", err.what());
   }
 
-  for (int k = 0; k < npairs; k++) {
-    const int i = static_cast<int>(pair_i[k]);
-    const int j = static_cast<int>(pair_j[k]);
+  for (int k = 0; k < result.npairs; k++) {
+    const int i = static_cast<int>(slot_i[k]);
+    const int j = static_cast<int>(slot_j[k]);
     const double *fij = pair_forces + 3 * k;
     f[i][0] += fij[0];
     f[i][1] += fij[1];
@@ -196,23 +190,117 @@ void PairNvalchemi::compute(int eflag, int vflag)
     }
   }
 
-  // non-pairwise terms: forces on owned and ghost atoms (ghosts reverse-communicated
-  // by LAMMPS like pair forces), and the virial that f.r of those forces misses
-  if (session->needs_positions()) {
+  // per-atom forces: the pairs' sum when that came back instead of the pairs, and the
+  // non-pairwise terms; ghost rows are reverse-communicated by LAMMPS like pair forces
+  if (result.atom_forces_written)
     for (int k = 0; k < ntotal; k++) {
       f[k][0] += atom_forces[3 * k + 0];
       f[k][1] += atom_forces[3 * k + 1];
       f[k][2] += atom_forces[3 * k + 2];
     }
-    if (vflag_global || vflag_fdotr)
-      for (int k = 0; k < 6; k++) virial[k] += extra_virial[k];
-  }
+  // the virial that f.r of the non-pairwise forces misses
+  if (session->needs_positions() && (vflag_global || vflag_fdotr))
+    for (int k = 0; k < 6; k++) virial[k] += extra_virial[k];
 
-  if (eflag_global) eng_vdwl += energy;
+  if (eflag_global) eng_vdwl += result.energy;
   if (eflag_atom)
     for (int i = 0; i < nlocal; i++) eatom[i] += atom_energies[i];
 
   if (vflag_fdotr) virial_fdotr_compute();
+}
+
+/* ----------------------------------------------------------------------
+   after a neighbor-list build: species, candidate pairs and the owner map
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::build_topology()
+{
+  const int *type = atom->type;
+  const int nlocal = atom->nlocal;
+  const int ntotal = nlocal + atom->nghost;
+  const int *ilist = list->ilist;
+  const int *numneigh = list->numneigh;
+  int **firstneigh = list->firstneigh;
+
+  // receivers: owned atoms; with the widened shell also ghosts, whose
+  // features are then computed here instead of being exchanged
+  const int nreceivers = shell ? list->inum + list->gnum : list->inum;
+  int maxneigh = 0;
+  for (int ii = 0; ii < nreceivers; ii++) maxneigh += numneigh[ilist[ii]];
+  grow_buffers(ntotal, maxneigh);
+
+  for (int k = 0; k < ntotal; k++) species[k] = map[type[k]];
+
+  // every directed pair of mapped atoms in the list (cutoff plus skin)
+  ncandidates = 0;
+  for (int ii = 0; ii < nreceivers; ii++) {
+    const int i = ilist[ii];
+    if (species[i] < 0) continue;
+    const int *jlist = firstneigh[i];
+    for (int jj = 0; jj < numneigh[i]; jj++) {
+      const int j = jlist[jj] & NEIGHMASK;
+      if (species[j] < 0) continue;
+      candidate_i[ncandidates] = i;
+      candidate_j[ncandidates] = j;
+      ncandidates++;
+    }
+  }
+
+  // On one rank every ghost is a periodic image of an owned atom; then the model's
+  // exchanges are a gather from and a sum into owners, on its device. All ranks must
+  // agree, since the exchange through LAMMPS is collective.
+  local_exchange = 0;
+  if (session->uses_exchange()) {
+    const tagint *tag = atom->tag;
+    int local = 1;
+    std::unordered_map<tagint, int> owned;
+    if (atom->map_style == Atom::MAP_NONE)
+      for (int i = 0; i < nlocal; i++) owned[tag[i]] = i;
+    for (int k = 0; k < ntotal && local; k++) {
+      int m = k;
+      if (k >= nlocal) {
+        // atom->map() prefers the owned copy over ghost images
+        if (atom->map_style != Atom::MAP_NONE)
+          m = atom->map(tag[k]);
+        else {
+          const auto it = owned.find(tag[k]);
+          m = it == owned.end() ? -1 : it->second;
+        }
+      }
+      if (m < 0 || m >= nlocal) local = 0;
+      owner[k] = m;
+    }
+    MPI_Allreduce(&local, &local_exchange, 1, MPI_INT, MPI_MIN, world);
+  }
+  topology_stamp = neighbor->ncalls;
+  topology_ntotal = ntotal;
+}
+
+/* ----------------------------------------------------------------------
+   host path: the candidates within the model cutoff, with rij = x_j - x_i
+------------------------------------------------------------------------- */
+
+int PairNvalchemi::pairs_in_cutoff()
+{
+  double **x = atom->x;
+  const double cutsq_model = cutoff * cutoff;
+  int npairs = 0;
+  for (int k = 0; k < ncandidates; k++) {
+    const bigint i = candidate_i[k];
+    const bigint j = candidate_j[k];
+    const double dx = x[j][0] - x[i][0];
+    const double dy = x[j][1] - x[i][1];
+    const double dz = x[j][2] - x[i][2];
+    if (dx * dx + dy * dy + dz * dz < cutsq_model) {
+      pair_i[npairs] = i;
+      pair_j[npairs] = j;
+      rij[3 * npairs + 0] = dx;
+      rij[3 * npairs + 1] = dy;
+      rij[3 * npairs + 2] = dz;
+      npairs++;
+    }
+  }
+  return npairs;
 }
 
 /* ----------------------------------------------------------------------
@@ -249,6 +337,7 @@ void PairNvalchemi::settings(int narg, char **arg)
   // settings() may run more than once: drop the previous model
   delete session;
   session = nullptr;
+  topology_stamp = -1;
 
   // rank within the node, for one GPU per rank under any launcher
   MPI_Comm node;
@@ -320,18 +409,24 @@ void PairNvalchemi::grow_buffers(int natoms, int npairs)
   if (natoms > maxatom) {
     maxatom = natoms;
     memory->destroy(species);
+    memory->destroy(owner);
     memory->destroy(atom_energies);
     memory->destroy(atom_forces);
     memory->create(species, maxatom, "pair:species");
+    memory->create(owner, maxatom, "pair:owner");
     memory->create(atom_energies, maxatom, "pair:atom_energies");
     memory->create(atom_forces, 3 * maxatom, "pair:atom_forces");
   }
   if (npairs > maxpair) {
     maxpair = npairs;
+    memory->destroy(candidate_i);
+    memory->destroy(candidate_j);
     memory->destroy(pair_i);
     memory->destroy(pair_j);
     memory->destroy(rij);
     memory->destroy(pair_forces);
+    memory->create(candidate_i, maxpair, "pair:candidate_i");
+    memory->create(candidate_j, maxpair, "pair:candidate_j");
     memory->create(pair_i, maxpair, "pair:pair_i");
     memory->create(pair_j, maxpair, "pair:pair_j");
     memory->create(rij, 3 * maxpair, "pair:rij");
@@ -492,7 +587,7 @@ void PairNvalchemi::unpack_reverse_comm(int n, int *list, double *buf)
 double PairNvalchemi::memory_usage()
 {
   double bytes = Pair::memory_usage();
-  bytes += static_cast<double>(maxatom) * (sizeof(bigint) + 4 * sizeof(double));
-  bytes += static_cast<double>(maxpair) * (2 * sizeof(bigint) + 6 * sizeof(double));
+  bytes += static_cast<double>(maxatom) * (2 * sizeof(bigint) + 4 * sizeof(double));
+  bytes += static_cast<double>(maxpair) * (4 * sizeof(bigint) + 6 * sizeof(double));
   return bytes;
 }

@@ -56,6 +56,13 @@ class PairNvalchemi : public Pair {
   // per-step buffers handed to Python without copying
   int maxatom, maxpair;
   bigint *species;
+  bigint *owner;    // owned row of each row, when local_exchange
+  // from the last neighbor-list build: every listed pair (cutoff plus skin)
+  bigint *candidate_i, *candidate_j;
+  int ncandidates;
+  bigint topology_stamp;    // neighbor->ncalls at that build
+  int topology_ntotal;
+  int local_exchange;       // every rank's ghosts are images of its own atoms
   bigint *pair_i, *pair_j;
   double *rij, *pair_forces, *atom_energies;
   double *atom_forces;        // 3 per owned and ghost atom, from non-pairwise terms
@@ -63,6 +70,8 @@ class PairNvalchemi : public Pair {
 
   void allocate();
   void grow_buffers(int natoms, int npairs);
+  void build_topology();
+  int pairs_in_cutoff();
 };
 
 }    // namespace LAMMPS_NS

@@ -240,7 +240,8 @@ PyObject *collectives_type()
 
 PythonSession::PythonSession(const std::string &model_path, int num_threads,
                              const std::string &device, int local_rank) :
-    session_(nullptr), cutoff_(0.0), layers_(1), needs_positions_(false), uses_exchange_(false)
+    session_(nullptr), cutoff_(0.0), layers_(1), needs_positions_(false), uses_exchange_(false),
+    on_device_(false)
 {
   start_python();
   GilLock gil;
@@ -256,6 +257,9 @@ PythonSession::PythonSession(const std::string &model_path, int num_threads,
   PyRef needs_positions(PyObject_GetAttrString(session.get(), "needs_positions"));
   if (!needs_positions) raise_python_error("");
   needs_positions_ = PyObject_IsTrue(needs_positions.get()) == 1;
+  PyRef on_device(PyObject_GetAttrString(session.get(), "on_device"));
+  if (!on_device) raise_python_error("");
+  on_device_ = PyObject_IsTrue(on_device.get()) == 1;
   PyRef cutoff(PyObject_GetAttrString(session.get(), "cutoff"));
   PyRef units(PyObject_GetAttrString(session.get(), "units"));
   PyRef description(PyObject_CallMethod(session.get(), "describe", nullptr));
@@ -327,10 +331,7 @@ std::vector<int> PythonSession::map_types(const std::vector<std::string> &names)
 
 /* ---------------------------------------------------------------------- */
 
-double PythonSession::compute(int nlocal, int ntotal, const int64_t *species, int npairs,
-                              const int64_t *pair_i, const int64_t *pair_j, const double *rij,
-                              double *atom_energies, double *pair_forces,
-                              Collectives *collectives, System *system)
+void PythonSession::compute(const Step &step, Result &result, Collectives *collectives)
 {
   GilLock gil;
   PyObject *type = collectives_type();
@@ -344,42 +345,67 @@ double PythonSession::compute(int nlocal, int ntotal, const int64_t *species, in
   } detach{comm.get()};
   reinterpret_cast<CollectivesObject *>(comm.get())->target = collectives;
 
-  const size_t np = static_cast<size_t>(npairs);
-  PyRef species_view(writable_view(species, sizeof(int64_t) * ntotal));
-  PyRef pair_i_view(writable_view(pair_i, sizeof(int64_t) * np));
-  PyRef pair_j_view(writable_view(pair_j, sizeof(int64_t) * np));
-  PyRef rij_view(writable_view(rij, sizeof(double) * 3 * np));
-  PyRef energies_view(writable_view(atom_energies, sizeof(double) * nlocal));
-  PyRef forces_view(writable_view(pair_forces, sizeof(double) * 3 * np));
-  if (!species_view || !pair_i_view || !pair_j_view || !rij_view || !energies_view ||
-      !forces_view)
+  const size_t n = static_cast<size_t>(step.ntotal);
+  const size_t slots = static_cast<size_t>(step.capacity);
+  PyRef positions(writable_view(step.positions, sizeof(double) * 3 * n));
+  PyRef pair_i(writable_view(step.pair_i, sizeof(int64_t) * slots));
+  PyRef pair_j(writable_view(step.pair_j, sizeof(int64_t) * slots));
+  PyRef rij(writable_view(step.rij, sizeof(double) * 3 * slots));
+  PyRef pair_forces(writable_view(result.pair_forces, sizeof(double) * 3 * slots));
+  PyRef energies(writable_view(result.atom_energies, sizeof(double) * step.nlocal));
+  PyRef atom_forces(writable_view(result.atom_forces, sizeof(double) * 3 * n));
+  if (!positions || !pair_i || !pair_j || !rij || !pair_forces || !energies || !atom_forces)
     raise_python_error("");
 
-  // (positions, charges or None, cell, periodic) and (atom_forces, virial)
-  PyRef system_in, system_out;
-  if (system) {
-    const size_t n = static_cast<size_t>(ntotal);
-    PyRef positions(writable_view(system->positions, sizeof(double) * 3 * n));
-    PyRef charges(system->charges ? writable_view(system->charges, sizeof(double) * n)
-                                  : (Py_INCREF(Py_None), Py_None));
-    PyRef cell(writable_view(system->cell, sizeof(double) * 9));
-    PyRef atom_forces(writable_view(system->atom_forces, sizeof(double) * 3 * n));
-    PyRef virial(writable_view(system->virial, sizeof(double) * 6));
-    if (!positions || !charges || !cell || !atom_forces || !virial) raise_python_error("");
-    system_in.reset(Py_BuildValue("(OOO(iii))", positions.get(), charges.get(), cell.get(),
-                                    system->periodic[0], system->periodic[1],
-                                    system->periodic[2]));
-    system_out.reset(Py_BuildValue("(OO)", atom_forces.get(), virial.get()));
-    if (!system_in || !system_out) raise_python_error("");
+  // (species, owner or None, npairs), or None: unchanged
+  PyRef topology;
+  if (step.new_topology) {
+    PyRef species(writable_view(step.species, sizeof(int64_t) * n));
+    PyRef owner(step.local_exchange ? writable_view(step.owner, sizeof(int64_t) * n)
+                           : (Py_INCREF(Py_None), Py_None));
+    if (!species || !owner) raise_python_error("");
+    topology.reset(Py_BuildValue("(OOn)", species.get(), owner.get(),
+                                 static_cast<Py_ssize_t>(step.npairs)));
+  } else {
+    Py_INCREF(Py_None);
+    topology.reset(Py_None);
+  }
+  if (!topology) raise_python_error("");
+
+  // (charges or None, cell, periodic) and the virial out, for needs_positions()
+  PyRef system, virial;
+  if (needs_positions_) {
+    PyRef charges(step.charges ? writable_view(step.charges, sizeof(double) * n)
+                               : (Py_INCREF(Py_None), Py_None));
+    PyRef cell(writable_view(step.cell, sizeof(double) * 9));
+    virial.reset(writable_view(result.virial, sizeof(double) * 6));
+    if (!charges || !cell || !virial) raise_python_error("");
+    system.reset(Py_BuildValue("(OO(iii))", charges.get(), cell.get(), step.periodic[0],
+                               step.periodic[1], step.periodic[2]));
+    if (!system) raise_python_error("");
+  } else {
+    Py_INCREF(Py_None);
+    system.reset(Py_None);
+    Py_INCREF(Py_None);
+    virial.reset(Py_None);
   }
 
-  PyRef energy(PyObject_CallMethod(
-      static_cast<PyObject *>(session_), "compute", "nOOOOOOOOO", static_cast<Py_ssize_t>(nlocal),
-      species_view.get(), pair_i_view.get(), pair_j_view.get(), rij_view.get(),
-      energies_view.get(), forces_view.get(), comm.get(), system ? system_in.get() : Py_None,
-      system ? system_out.get() : Py_None));
-  if (!energy) raise_python_error("");
-  const double value = PyFloat_AsDouble(energy.get());
-  if (PyErr_Occurred()) raise_python_error("");
-  return value;
+  PyRef pairs(Py_BuildValue("(OOOO)", pair_i.get(), pair_j.get(), rij.get(), pair_forces.get()));
+  if (!pairs) raise_python_error("");
+  PyRef out(PyObject_CallMethod(static_cast<PyObject *>(session_), "compute", "nOOOiiOOOOO",
+                                static_cast<Py_ssize_t>(step.nlocal), positions.get(),
+                                topology.get(), pairs.get(), step.filtered ? 1 : 0,
+                                step.want_pairs ? 1 : 0, energies.get(), atom_forces.get(),
+                                comm.get(), system.get(), virial.get()));
+  if (!out) raise_python_error("");
+  double energy = 0.0;
+  Py_ssize_t npairs = 0;
+  int written = 0;
+  if (!PyArg_ParseTuple(out.get(), "dnp", &energy, &npairs, &written))
+    raise_python_error("compute must return (energy, npairs, atom forces written): ");
+  if (npairs < 0 || npairs > step.capacity)
+    throw PythonError("compute returned more pairs than there are slots");
+  result.energy = energy;
+  result.npairs = static_cast<int>(npairs);
+  result.atom_forces_written = written != 0;
 }

@@ -60,25 +60,51 @@ class PythonSession {
   // net charge of the whole system, for models that predict charges
   void set_total_charge(double charge);
 
-  // What a model with needs_positions() reads besides the pairs, and the two
-  // extra results it gives: forces on owned and ghost atoms, and the part of
-  // the virial that is not f.r of those forces (6 values, xx yy zz xy xz yz).
-  struct System {
-    const double *positions;    // 3*ntotal
-    const double *charges;      // ntotal, or nullptr without per-atom charges
-    double cell[9];             // lattice vectors as rows
+  // the model's tensors live on a GPU: the pair style then keeps pairs there between
+  // neighbor-list builds and lets the model build rij and filter the cutoff itself
+  bool on_device() const { return on_device_; }
+
+  // One step on one rank. Atoms are rows as LAMMPS stores them (owned, then ghosts).
+  struct Step {
+    int nlocal, ntotal;
+    const double *positions;    // 3*ntotal, every step
+    // The topology, when new_topology (else the model keeps the last one):
+    bool new_topology;
+    const int64_t *species;    // ntotal
+    // When every rank's ghosts are images of its own atoms, the exchanges stay with the
+    // model, by the owned row of each row (ntotal); else they go through LAMMPS.
+    bool local_exchange;
+    const int64_t *owner;
+    // Pairs (i, j), npairs of them, given with the topology: with `filtered`, those
+    // within the cutoff, rij filled; else the neighbor list's candidates (skin
+    // included), which the model keeps, filters and builds rij for each step.
+    int npairs;
+    bool filtered;
+    // pair slots, `capacity` of them; results may come back in them (Result::npairs)
+    int capacity;
+    int64_t *pair_i, *pair_j;
+    double *rij;    // 3 per slot
+    // per-pair forces wanted back (per-atom virial) even when per-atom forces are cheaper
+    bool want_pairs;
+    // what a model with needs_positions() reads besides the pairs
+    const double *charges;    // ntotal, or nullptr without per-atom charges
+    double cell[9];           // lattice vectors as rows
     int periodic[3];
-    double *atom_forces;    // 3*ntotal, written
-    double *virial;         // 6, written
   };
 
-  // run the potential on one rank's graph; writes atom_energies[nlocal] and
-  // pair_forces[3*npairs] (and what `system` asks for, when given); returns the
-  // sum of atom_energies. The model may call the collectives during the call,
-  // never after.
-  double compute(int nlocal, int ntotal, const int64_t *species, int npairs, const int64_t *pair_i,
-                 const int64_t *pair_j, const double *rij, double *atom_energies,
-                 double *pair_forces, Collectives *collectives, System *system);
+  struct Result {
+    double energy;             // sum of atom_energies
+    double *atom_energies;     // nlocal, written
+    double *pair_forces;       // 3 per pair slot: fij = +dE/drij
+    int npairs;                // pairs written back (pair_i, pair_j, rij, pair_forces), or 0
+    double *atom_forces;       // 3*ntotal: -dE/dx of owned and ghost rows, when written
+    bool atom_forces_written;
+    double *virial;            // 6, xx yy zz xy xz yz: the part that f.r misses (needs_positions)
+  };
+
+  // run the potential on one rank's graph. The model may call the collectives during
+  // the call, never after.
+  void compute(const Step &step, Result &result, Collectives *collectives);
 
  private:
   void *session_;    // PyObject *, opaque here
@@ -86,6 +112,7 @@ class PythonSession {
   int layers_;
   bool needs_positions_;
   bool uses_exchange_;
+  bool on_device_;
   std::string units_;
   std::string description_;
 };

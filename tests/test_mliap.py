@@ -122,12 +122,18 @@ def plugin_world(path: Path, graphs: list[RankGraph], natoms: int) -> list[tuple
     def work(rank):
         g = graphs[rank]
         energies, forces = np.full(g.nlocal, np.nan), np.full((len(g.pair_i), 3), np.nan)
-        inputs = [np.ascontiguousarray(a) for a in (g.species, g.pair_i, g.pair_j, g.rij)]
-        energy = sessions[rank].compute(
+        species, pair_i, pair_j, rij = (
+            np.ascontiguousarray(a) for a in (g.species, g.pair_i, g.pair_j, g.rij)
+        )
+        energy, _, _ = sessions[rank].compute(  # the host path: pairs filtered, rij given
             g.nlocal,
-            *map(_view, inputs),
+            _view(np.zeros((g.ntotal, 3))),
+            (_view(species), None, len(pair_i)),
+            (_view(pair_i), _view(pair_j), _view(rij), _view(forces)),
+            True,
+            True,
             _view(energies),
-            _view(forces),
+            _view(np.zeros((g.ntotal, 3))),
             world.collectives(rank),
         )
         return energy, energies, forces
@@ -451,25 +457,26 @@ DRIVER = textwrap.dedent(
     seen = []
     compute = plugin.PluginSession.compute
 
-    def recording(self, nlocal, species, pair_i, pair_j, rij, energies, forces, comm, *system):
+    def recording(self, nlocal, positions, topology, pairs, *rest):
+        species, _owner, npairs = topology  # the host path: sent every step
+        pair_i, pair_j, rij, forces = pairs
+        energies = rest[2]
         ntotal = species.nbytes // 8
         tags = lmp.numpy.extract_atom("id", nelem=ntotal) if ntotal else np.zeros(0)
         saved = dict(
             nlocal=nlocal, tags=np.array(tags, dtype=np.int64),
             species=np.frombuffer(species, np.int64).copy(),
-            pair_i=np.frombuffer(pair_i, np.int64).copy(),
-            pair_j=np.frombuffer(pair_j, np.int64).copy(),
-            rij=np.frombuffer(rij, np.float64).reshape(-1, 3).copy(),
+            pair_i=np.frombuffer(pair_i, np.int64, count=npairs).copy(),
+            pair_j=np.frombuffer(pair_j, np.int64, count=npairs).copy(),
+            rij=np.frombuffer(rij, np.float64, count=3 * npairs).reshape(-1, 3).copy(),
         )
-        energy = compute(
-            self, nlocal, species, pair_i, pair_j, rij, energies, forces, comm, *system
-        )
+        energy, npairs_back, written = compute(self, nlocal, positions, topology, pairs, *rest)
         saved.update(
             energy=energy, atom_energies=np.frombuffer(energies, np.float64).copy(),
-            pair_forces=np.frombuffer(forces, np.float64).reshape(-1, 3).copy(),
+            pair_forces=np.frombuffer(forces, np.float64, count=3 * npairs).reshape(-1, 3).copy(),
         )
         seen.append(saved)
-        return energy
+        return energy, npairs_back, written
 
     plugin.PluginSession.compute = recording
     lmp.command(f"plugin load {plugin_path()}")

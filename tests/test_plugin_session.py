@@ -63,14 +63,26 @@ def model_path(tmp_path):
 
 
 def _call_compute(session: PluginSession, nlocal, species, pair_i, pair_j, rij, comm):
-    """One ``PythonSession::compute``: outputs prefilled with NaN, as uninitialized memory
-    may hold anything, so a row the session fails to write shows."""
+    """One ``PythonSession::compute`` on the host path (pairs filtered, rij given): outputs
+    prefilled with NaN, as uninitialized memory may hold anything, so a row the session
+    fails to write shows."""
     energies = np.full(nlocal, np.nan)
     forces = np.full((len(pair_i), 3), np.nan)
-    buffers = [np.ascontiguousarray(a) for a in (species, pair_i, pair_j, rij)]
-    energy = session.compute(
-        nlocal, *(_view(b) for b in buffers), _view(energies), _view(forces), comm
+    atom_forces = np.full((len(species), 3), np.nan)
+    positions = np.zeros((len(species), 3))  # read only by models that need positions
+    species, pair_i, pair_j, rij = (np.ascontiguousarray(a) for a in (species, pair_i, pair_j, rij))
+    energy, npairs, written = session.compute(
+        nlocal,
+        _view(positions),
+        (_view(species), None, len(pair_i)),
+        (_view(pair_i), _view(pair_j), _view(rij), _view(forces)),
+        True,
+        True,
+        _view(energies),
+        _view(atom_forces),
+        comm,
     )
+    assert npairs == len(pair_i) and not written
     return energy, energies, forces
 
 

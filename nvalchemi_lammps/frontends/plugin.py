@@ -2,10 +2,13 @@
 
 The C++ pair style calls :func:`open_session` once per ``pair_style`` command and then the
 session's methods. Arrays arrive as writable memoryviews over buffers the pair style owns;
-they are wrapped without copying and never kept past the call.
+they are wrapped without copying and never kept past the call (what is kept between
+neighbor-list builds is copied to the model's device).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -16,9 +19,11 @@ from ._lammps_comm import LammpsComm
 
 
 def _tensor(buffer: memoryview, dtype: torch.dtype, *shape: int) -> torch.Tensor:
-    if buffer.nbytes == 0:  # torch.frombuffer refuses empty buffers
+    """The first ``prod(shape)`` values of ``buffer``, without copying."""
+    count = math.prod(shape)
+    if count == 0:  # torch.frombuffer refuses empty buffers
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(buffer, dtype=dtype).view(shape)
+    return torch.frombuffer(buffer, dtype=dtype, count=count).view(shape)
 
 
 class PluginSession:
@@ -39,6 +44,13 @@ class PluginSession:
         self.uses_exchange = False
         self.set_strategy("auto")
         self.total_charge = 0.0
+        # the model's tensors on a GPU: the pair style then keeps pairs there between
+        # neighbor-list builds and sends positions only
+        self.on_device = self.device.type != "cpu"
+        self._stage = _Staging(self.device)
+        self._species: torch.Tensor | None = None
+        self._owner: torch.Tensor | None = None
+        self._pair_i = self._pair_j = torch.empty(0, dtype=torch.int64)
         # LAMMPS's own thread count per rank (OMP_NUM_THREADS / -pk omp); torch's default
         # of one thread per core oversubscribes the cores shared by several ranks.
         torch.set_num_threads(max(1, num_threads))
@@ -80,48 +92,140 @@ class PluginSession:
     def compute(
         self,
         nlocal: int,
-        species: memoryview,
-        pair_i: memoryview,
-        pair_j: memoryview,
-        rij: memoryview,
+        positions: memoryview,
+        topology: tuple | None,
+        pairs: tuple,
+        filtered: bool,
+        want_pairs: bool,
         atom_energies_out: memoryview,
-        pair_forces_out: memoryview,
+        atom_forces_out: memoryview,
         collectives: object,
         system: tuple | None = None,
-        system_out: tuple | None = None,
-    ) -> float:
-        """One step on one rank. ``system`` = ``(positions, charges or None, cell,
-        (px, py, pz))`` and ``system_out`` = ``(atom_forces, virial)`` come only for a model
-        that ``needs_positions``."""
-        ntotal = species.nbytes // 8
-        npairs = pair_i.nbytes // 8
+        virial_out: memoryview | None = None,
+    ) -> tuple[float, int, bool]:
+        """One step on one rank (see ``PythonSession::Step`` in python_bridge.h).
+
+        ``topology`` = ``(species, owner or None, npairs)`` when LAMMPS rebuilt its list (on
+        the host: every step), else ``None``; ``pairs`` = ``(pair_i, pair_j, rij,
+        pair_forces)`` slots; ``system`` = ``(charges or None, cell, (px, py, pz))`` only
+        for a model that ``needs_positions``. Returns the energy, how many pairs were
+        written back into the slots and whether ``atom_forces_out`` was written.
+        """
+        ntotal = positions.nbytes // 24
+        pair_i_out, pair_j_out, rij_out, pair_forces_out = pairs
+        if topology is not None:
+            species, owner, npairs = topology
+            self._species = self._stage.upload(_tensor(species, torch.int64, ntotal))
+            self._owner = None
+            if owner is not None:
+                self._owner = self._stage.upload(_tensor(owner, torch.int64, ntotal))
+            if filtered:  # this step's pairs, not kept
+                self._pair_i = _tensor(pair_i_out, torch.int64, npairs)
+                self._pair_j = _tensor(pair_j_out, torch.int64, npairs)
+            else:  # candidates until the next build
+                self._pair_i = self._stage.upload(_tensor(pair_i_out, torch.int64, npairs))
+                self._pair_j = self._stage.upload(_tensor(pair_j_out, torch.int64, npairs))
+        if self._species is None or self._species.shape[0] != ntotal:
+            raise RuntimeError("the pair style sent positions without a topology")
+        x = self._stage.upload(_tensor(positions, torch.float64, ntotal, 3), "positions")
+        pair_i, pair_j = self._pair_i, self._pair_j
+        if filtered:
+            rij = _tensor(rij_out, torch.float64, pair_i.shape[0], 3)
+        else:
+            # x_j - x_i as LAMMPS computes it on the host, and its cutoff test (the
+            # candidates include the skin), in the same order of operations
+            rij = x.index_select(0, pair_j) - x.index_select(0, pair_i)
+            dx, dy, dz = rij.unbind(1)
+            keep = (dx * dx + dy * dy + dz * dz < self.cutoff * self.cutoff).nonzero()[:, 0]
+            pair_i, pair_j, rij = pair_i[keep], pair_j[keep], rij[keep]
         inputs = {}
         if system is not None:
-            positions, charges, cell, pbc = system
+            charges, cell, pbc = system
             inputs = {
-                "positions": _tensor(positions, torch.float64, ntotal, 3),
-                "charges": None if charges is None else _tensor(charges, torch.float64, ntotal),
+                "positions": x,
+                "charges": None
+                if charges is None
+                else self._stage.upload(_tensor(charges, torch.float64, ntotal), "charges"),
                 "cell": _tensor(cell, torch.float64, 3, 3),
                 "pbc": tuple(bool(p) for p in pbc),
             }
         result = evaluate(
             self.potential,
             nlocal,
-            _tensor(species, torch.int64, ntotal),
-            _tensor(pair_i, torch.int64, npairs),
-            _tensor(pair_j, torch.int64, npairs),
-            _tensor(rij, torch.float64, npairs, 3),
-            LammpsComm(collectives, exchange=self.uses_exchange),
+            self._species,
+            pair_i,
+            pair_j,
+            rij,
+            LammpsComm(collectives, exchange=self.uses_exchange, owner=self._owner),
             total_charge=self.total_charge,
             **inputs,
         )
-        _tensor(atom_energies_out, torch.float64, nlocal).copy_(result.atom_energies)
-        _tensor(pair_forces_out, torch.float64, npairs, 3).copy_(result.pair_forces)
-        if system_out is not None:
-            atom_forces_out, virial_out = system_out
-            _tensor(atom_forces_out, torch.float64, ntotal, 3).copy_(result.atom_forces)
+        self._stage.download(
+            result.atom_energies, _tensor(atom_energies_out, torch.float64, nlocal)
+        )
+        if system is not None:
             _tensor(virial_out, torch.float64, 6).copy_(result.virial)
-        return result.energy
+        npairs = int(pair_i.shape[0])
+        if filtered or want_pairs:
+            if not filtered:
+                _tensor(pair_i_out, torch.int64, npairs).copy_(pair_i)
+                _tensor(pair_j_out, torch.int64, npairs).copy_(pair_j)
+                _tensor(rij_out, torch.float64, npairs, 3).copy_(rij)
+            forces = _tensor(pair_forces_out, torch.float64, npairs, 3)
+            self._stage.download(result.pair_forces, forces)
+            if result.atom_forces is None:
+                return result.energy, npairs, False
+            atom_forces = result.atom_forces
+        else:
+            # one row per atom instead of one per pair crosses back to the host
+            atom_forces = torch.zeros((ntotal, 3), dtype=torch.float64, device=x.device)
+            atom_forces.index_add_(0, pair_i, result.pair_forces)
+            atom_forces.index_add_(0, pair_j, result.pair_forces, alpha=-1.0)
+            if result.atom_forces is not None:
+                atom_forces += result.atom_forces
+            npairs = 0
+        self._stage.download(atom_forces, _tensor(atom_forces_out, torch.float64, ntotal, 3))
+        return result.energy, npairs, True
+
+
+class _Staging:
+    """Copies between LAMMPS's host arrays and the model's device through pinned host
+    buffers that grow as needed (plain copies, none at all on the CPU)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.pinned = device.type == "cuda"
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        count = like.numel()
+        buffer = self.buffers.get(name)
+        if buffer is None or buffer.dtype != like.dtype or buffer.numel() < count:
+            capacity = count + count // 4 + 1024  # headroom: lists grow a little
+            buffer = torch.empty(capacity, dtype=like.dtype, pin_memory=True)
+            self.buffers[name] = buffer
+        return buffer[:count].view(like.shape)
+
+    def upload(self, host: torch.Tensor, name: str | None = None) -> torch.Tensor:
+        """``host`` on the device: a copy, or with a name, through that name's pinned
+        buffer, reused each step (the copy out of it has finished before the step ends:
+        the energy synchronizes), and on the CPU ``host`` itself."""
+        if name is None:  # kept past the call: never a view of LAMMPS's memory
+            return host.to(self.device, copy=True)
+        if not self.pinned:
+            return host.to(self.device)
+        staged = self._buffer(name, host)
+        staged.copy_(host)
+        return staged.to(self.device, non_blocking=True)
+
+    def download(self, device: torch.Tensor, host: torch.Tensor) -> None:
+        """Copy ``device`` into the host tensor ``host`` (LAMMPS's memory)."""
+        if not self.pinned or device.device.type != "cuda":
+            host.copy_(device)
+            return
+        staged = self._buffer("out", device)
+        staged.copy_(device)
+        host.copy_(staged)
 
 
 def _select_device(device: str, local_rank: int) -> torch.device:
