@@ -1,0 +1,380 @@
+"""UMA (fairchem-core's eSCN-MD backbone and energy head) on a LocalGraph.
+
+The potential runs the modules of a ``fairchem.core.models.uma.escn_md.eSCNMDBackbone`` and
+its ``MLP_EFS_Head`` itself, in the order of the backbone's own ``forward``: the charge /
+spin / task embedding, the element embedding, the Wigner rotations of every edge, the edge
+degree embedding, the message-passing blocks (with the charge and spin channel balancing
+where the model has it), the final norm, and the head's energy MLP. fairchem builds its own
+radius graph; here the graph is LAMMPS's: fairchem's edge ``k`` runs from
+``edge_index[0, k]`` (source) to ``edge_index[1, k]`` (target, where messages are summed)
+with ``edge_distance_vec = x[source] - x[target]``, which is ``pair_j -> pair_i`` with
+``rij``. No neighbor search is done here and the cell is never read.
+
+What differs from fairchem, and why:
+
+- after the edge degree embedding and after every block but the last, the node embeddings
+  go through ``graph.comm.forward_exchange``, so that ghost rows hold their owners' values
+  for the next block's messages (the identity under the widened ghost shell, where ghosts
+  compute their own). The edge degree embedding is a message-passing step of its own (an
+  atom's embedding after it depends on its neighbors' positions and elements), so
+  ``layers`` is the number of blocks plus one;
+- the charge / spin channel balancing (``charge_balanced_channels``,
+  ``spin_balanced_channels``) sums over owned atoms and adds up over ranks with
+  ``graph.comm.allreduce``;
+- per-atom energies are returned instead of the head's per-system sum;
+- fairchem caps an atom's neighbors at ``max_neighbors`` (the nearest); LAMMPS lists all
+  pairs within the cutoff. A rank on which an atom has more neighbors than that stops with
+  an error instead of computing another function.
+
+The system's net charge is ``graph.total_charge`` (``pair_style nvalchemi ... charge Q``),
+an integer from -100 to 100 as UMA embeds it. The spin multiplicity (0 for "not given", the
+value UMA's non-molecular tasks use; 1 for a singlet) and the task (one of the model's
+datasets, e.g. ``omat`` or ``omol``) are fixed when the model file is written.
+
+Only the plain eSCN-MD backbone is supported: mixture-of-linear-experts backbones
+(``eSCNMDMoeBackbone``, the released UMA checkpoints) are not. fairchem-core is an optional
+dependency (``pip install 'nvalchemi-lammps[uma]'``, in an environment of its own: it needs
+another e3nn than mace-torch), imported only when a UMA model is built. UMA runs in float32,
+the default here; ``dtype = "float64"`` casts the weights, for checks of exactness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import math
+import sys
+from typing import Any
+
+import torch
+
+from ..contract import LocalGraph, ModelSpec
+from ._base import Potential, register_potential
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+#: Charge and spin multiplicity ranges of UMA's embeddings (fairchem ``ChgSpinEmbedding``).
+MAX_CHARGE = 100
+MAX_SPIN = 100
+CHARGE_TOLERANCE = 1e-6
+
+#: Backbone options that describe fairchem's own graph construction, force and stress
+#: outputs or training: set here, whatever a configuration says.
+_FIXED_OPTIONS = {
+    "otf_graph": False,
+    "regress_forces": False,
+    "direct_forces": False,
+    "regress_stress": False,
+    "direct_stress": False,
+    "regress_hessian": False,
+    "activation_checkpointing": False,
+}
+
+_INSTALL_HINT = (
+    "the uma potential needs fairchem-core: pip install 'nvalchemi-lammps[uma]' "
+    "(or pip install fairchem-core; it needs an environment without mace-torch)"
+)
+
+_ESCN_MD: Any = None
+
+
+def _escn_md() -> Any:
+    """fairchem's ``escn_md`` module, imported once.
+
+    Importing fairchem initializes Warp, which prints a banner to stdout: that banner is
+    dropped, anything else printed is kept.
+    """
+    global _ESCN_MD
+    if _ESCN_MD is not None:
+        return _ESCN_MD
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured):
+            from fairchem.core.models.uma import escn_md
+    except ImportError as err:
+        raise ImportError(f"{_INSTALL_HINT} ({err})") from err
+    finally:
+        banner = ("Warp ", "   CUDA Toolkit", "   Devices:", '     "', "   Kernel cache:", "     /")
+        for line in captured.getvalue().splitlines():
+            if not line.startswith(banner):
+                print(line, file=sys.stdout)
+    _ESCN_MD = escn_md
+    return _ESCN_MD
+
+
+def _atomic_number(symbol: str) -> int:
+    from ase.data import atomic_numbers
+
+    if symbol not in atomic_numbers or symbol == "X":
+        return -1
+    return int(atomic_numbers[symbol])
+
+
+def build_backbone(backbone: dict[str, Any]) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """fairchem's ``eSCNMDBackbone`` and ``MLP_EFS_Head`` from the backbone's keyword
+    arguments, with random weights (drawn from torch's generator, forked: the caller seeds
+    it) and :data:`_FIXED_OPTIONS`.
+
+    :raises ValueError: an option the backbone does not have, or one it refuses
+    """
+    escn_md = _escn_md()
+    options = {**copy.deepcopy(backbone), **_FIXED_OPTIONS}
+    mode = options.get("execution_mode", "general")
+    if mode != "general":
+        raise ValueError(f"UMA execution_mode {mode} is not supported (supported: general)")
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+            network = escn_md.eSCNMDBackbone(**options)
+            head = escn_md.MLP_EFS_Head(network)
+    except TypeError as err:
+        raise ValueError(f"UMA backbone configuration: {err}") from None
+    return network, head
+
+
+def _check_total_charge(charge: float) -> int:
+    if not (math.isfinite(charge) and abs(charge) <= MAX_CHARGE):
+        raise ValueError(f"total charge must be finite and at most {MAX_CHARGE} e, got {charge}")
+    if abs(charge - round(charge)) > CHARGE_TOLERANCE:
+        raise ValueError(f"total charge must be an integer number of e, got {charge}")
+    return round(charge)
+
+
+# --- the potential -------------------------------------------------------------------------
+
+
+@register_potential
+class Uma(Potential):
+    """A fairchem eSCN-MD (UMA) backbone with its energy head, for one task.
+
+    Per-atom energy = the head's energy MLP on the atom's final scalar embedding. Energies in
+    eV, lengths in Angstrom (``units metal``); the cutoff is the backbone's; ``layers`` is
+    the number of blocks plus one (the edge degree embedding).
+
+    Build one with random weights with :meth:`random_weights`; the constructor takes
+    :meth:`config`'s plain data.
+
+    :param backbone: ``eSCNMDBackbone`` keyword arguments (``sphere_channels``, ``lmax``,
+        ``num_layers``, ``cutoff``, ``dataset_mapping``, ...); options of fairchem's own
+        graph construction and force outputs are overridden (:data:`_FIXED_OPTIONS`)
+    :param elements: element symbols the model is used for, in model order
+    :param task: the dataset (task) whose embedding is used, one of the backbone's
+        ``dataset_mapping`` keys (ignored by a backbone without dataset embedding)
+    :param spin: spin multiplicity, 0 to 100 (0: not given)
+    :param dtype: ``float32`` (default, as UMA runs) or ``float64``
+    """
+
+    name = "uma"
+
+    def __init__(
+        self,
+        backbone: dict[str, Any],
+        elements: list[str],
+        task: str,
+        spin: int = 0,
+        dtype: str = "float32",
+    ) -> None:
+        super().__init__()
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}; got '{dtype}'")
+        if int(spin) != spin or not 0 <= spin <= MAX_SPIN:
+            raise ValueError(f"spin multiplicity must be an integer from 0 to {MAX_SPIN}, got {spin}")
+        elements = list(elements)
+        network, head = build_backbone(backbone)
+        numbers = [_atomic_number(e) for e in elements]
+        unknown = [e for e, z in zip(elements, numbers) if not 0 < z < network.max_num_elements]
+        if unknown:
+            raise ValueError(
+                f"element(s) {', '.join(unknown)} not in this UMA model, which embeds "
+                f"atomic numbers 1..{network.max_num_elements - 1}"
+            )
+        if network.use_dataset_embedding and task not in network.dataset_mapping:
+            raise ValueError(
+                f"unknown UMA task '{task}' (this model's tasks: "
+                f"{', '.join(sorted(network.dataset_mapping))})"
+            )
+        self.backbone = network.to(_DTYPES[dtype]).eval()
+        self.energy_block = head.energy_block.to(_DTYPES[dtype]).eval()
+        for parameter in self.parameters():
+            parameter.requires_grad_(False)
+        self.register_buffer(
+            "atomic_numbers", torch.tensor(numbers, dtype=torch.int64), persistent=False
+        )
+        self.task = task
+        self.spin = int(spin)
+        self.spec = ModelSpec(
+            elements=tuple(elements),
+            cutoff=float(network.cutoff),
+            units="metal",
+            dtype=dtype,
+            layers=network.num_layers + 1,
+        )
+        self._config = {
+            "backbone": copy.deepcopy(backbone),
+            "elements": elements,
+            "task": task,
+            "spin": self.spin,
+            "dtype": dtype,
+        }
+
+    def config(self) -> dict[str, Any]:
+        return copy.deepcopy(self._config)
+
+    @classmethod
+    def random_weights(
+        cls,
+        backbone: dict[str, Any],
+        elements: list[str],
+        task: str,
+        seed: int = 0,
+        spin: int = 0,
+        dtype: str = "float32",
+    ) -> Uma:
+        """UMA with random weights drawn with ``seed`` (for tests and benchmarks), from
+        fairchem's own initialization of the backbone configuration ``backbone``."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return cls(backbone, elements, task, spin=spin, dtype=dtype)
+
+    @classmethod
+    def from_export_config(cls, config: dict[str, Any]) -> Uma:
+        """What ``nvalchemi-lammps export`` builds from a TOML file with
+        ``potential = "uma"``: ``seed`` (random weights), ``elements``, ``task``, a
+        ``[backbone]`` table (``eSCNMDBackbone`` arguments), and optionally ``spin``
+        (multiplicity, default 0) and ``dtype`` (default float32).
+        """
+        allowed = ("seed", "backbone", "elements", "task", "spin", "dtype")
+        unknown = sorted(set(config) - set(allowed))
+        if unknown:
+            raise ValueError(
+                f"unknown key(s) {', '.join(unknown)} for potential uma "
+                f"(allowed: potential, {', '.join(allowed)})"
+            )
+        missing = [k for k in ("seed", "backbone", "elements", "task") if k not in config]
+        if missing:
+            raise ValueError(f"potential uma needs key(s) {', '.join(missing)}")
+        try:
+            return cls.random_weights(
+                dict(config["backbone"]),
+                list(config["elements"]),
+                str(config["task"]),
+                seed=int(config["seed"]),
+                spin=config.get("spin", 0),
+                dtype=config.get("dtype", "float32"),
+            )
+        except ImportError as err:  # the CLI reports ValueErrors as one line
+            raise ValueError(str(err)) from None
+
+    # --- evaluation ------------------------------------------------------------------------
+
+    def forward(self, graph: LocalGraph) -> torch.Tensor:
+        """Per-atom energies ``(ntotal,)``: right for owned rows (the engine sums those)."""
+        backbone, dtype = self.backbone, self.spec.torch_dtype
+        n, device = graph.ntotal, graph.species.device
+        mapped = graph.species >= 0
+        numbers = torch.where(mapped, self.atomic_numbers[graph.species.clamp(min=0)], 0)
+        self._check_neighbors(graph)
+
+        # fairchem's data: one system; charge and spin as the long integers it reads
+        charge = torch.tensor([_check_total_charge(graph.total_charge)], device=device)
+        spin = torch.tensor([self.spin], device=device)
+        system = backbone.csd_embedding(charge, spin, [self.task])
+        sys_node_embedding = system.expand(n, -1)
+
+        # the graph: edges pair_j (source) -> pair_i (target), vector x[j] - x[i]
+        edge_index = torch.stack([graph.pair_j, graph.pair_i])
+        vectors = graph.rij.to(dtype)
+        distances = torch.linalg.norm(vectors, dim=-1)
+        wigner, wigner_inv = backbone._get_rotmat_and_wigner(vectors)
+        coefficient_index = backbone.coefficient_index if backbone.mmax != backbone.lmax else None
+        wigner, wigner_inv = backbone.backend.prepare_wigner(
+            wigner, wigner_inv, backbone.mappingReduced, coefficient_index
+        )
+
+        x = torch.zeros(
+            n, backbone.sph_feature_size, backbone.sphere_channels, dtype=dtype, device=device
+        )
+        x[:, 0, :] = backbone.sphere_embedding(numbers) + sys_node_embedding
+
+        envelope = backbone.envelope(distances / backbone.cutoff).reshape(-1, 1)
+        x_edge = torch.cat(
+            (
+                backbone.distance_expansion(distances),
+                backbone.source_embedding(numbers[graph.pair_j]),
+                backbone.target_embedding(numbers[graph.pair_i]),
+            ),
+            dim=1,
+        )
+        if wigner_inv.ndim == 3:
+            envelope = envelope.unsqueeze(-1)
+        wigner_inv_envelope = wigner_inv * envelope
+        x = backbone.edge_degree_embedding(x, x_edge, graph.pair_i, wigner_inv_envelope)
+        x = _exchange(x, graph)
+
+        x_edge_per_layer = backbone.backend.get_layer_radial_emb(x_edge, backbone)
+        last = backbone.num_layers - 1
+        for k, block in enumerate(backbone.blocks):
+            x = block(
+                x,
+                x_edge_per_layer[k],
+                edge_index,
+                wigner,
+                wigner_inv_envelope,
+                total_atoms_across_gp_ranks=n,
+                sys_node_embedding=sys_node_embedding,
+                scatter_target=graph.pair_i,
+            )
+            x = self._balance_channels(x, mapped, charge, spin, graph)
+            if k < last:
+                x = _exchange(x, graph)
+
+        x = backbone.norm(x)
+        energies = self.energy_block(x[:, 0, :]).squeeze(-1)
+        return torch.where(mapped, energies, 0.0)
+
+    def _check_neighbors(self, graph: LocalGraph) -> None:
+        """fairchem's graph keeps at most ``max_neighbors`` per atom: refuse more (module
+        doc)."""
+        if graph.npairs == 0:
+            return
+        most = int(torch.bincount(graph.pair_i).max())
+        if most > self.backbone.max_neighbors:
+            raise ValueError(
+                f"an atom has {most} neighbors within the UMA cutoff of {self.spec.cutoff:g} "
+                f"Angstrom, more than the model's max_neighbors = {self.backbone.max_neighbors}"
+            )
+
+    def _balance_channels(
+        self,
+        x: torch.Tensor,
+        mapped: torch.Tensor,
+        charge: torch.Tensor,
+        spin: torch.Tensor,
+        graph: LocalGraph,
+    ) -> torch.Tensor:
+        """fairchem's ``balance_channels``: the charge (spin) channels' scalar parts are
+        shifted so that they add up to the net charge (spin multiplicity - 1) over the
+        system; the sums run over owned atoms and over ranks."""
+        backbone = self.backbone
+        ranges = [
+            (backbone.charge_channel_start, backbone.charge_channel_end, charge, 0.0),
+            (backbone.spin_channel_start, backbone.spin_channel_end, spin, 1.0),
+        ]
+        ranges = [r for r in ranges if r[1] > r[0]]
+        if not ranges:
+            return x
+        owned = mapped[: graph.nlocal]
+        for start, end, target, offset in ranges:
+            sums = (x[: graph.nlocal, 0, start:end] * owned[:, None]).sum(0)
+            count = owned.sum().to(x.dtype).reshape(1)
+            totals = graph.comm.allreduce(torch.cat([sums, count]))
+            correction = (totals[:-1] - (target.to(x.dtype) - offset)) / totals[-1]
+            x = x.clone()
+            x[:, 0, start:end] = x[:, 0, start:end] - correction
+        return x
+
+
+def _exchange(x: torch.Tensor, graph: LocalGraph) -> torch.Tensor:
+    """Ghost rows of the node embeddings ``(ntotal, (lmax+1)^2, channels)`` take their
+    owners' values."""
+    return graph.comm.forward_exchange(x.flatten(1)).view_as(x)
