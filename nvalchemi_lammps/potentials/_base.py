@@ -23,6 +23,7 @@ BUILTIN_MODULES = {
     "pme": "pme",
     "dftd3": "dftd3",
     "aimnet2": "aimnet2",
+    "uma": "uma",
     "toolkit_lennard_jones": "toolkit_lennard_jones",
     "pipeline": "pipeline",
 }
