@@ -22,6 +22,9 @@ What differs from fairchem, and why:
   ``spin_balanced_channels``) sums over owned atoms and adds up over ranks with
   ``graph.comm.allreduce``;
 - per-atom energies are returned instead of the head's per-system sum;
+- fairchem turns each edge's frame about the edge by a random angle at every call, to which
+  the model is invariant up to rounding (1e-16 relative in float64); here the angles come
+  from a fixed seed, so that an evaluation repeats bit for bit;
 - fairchem caps an atom's neighbors at ``max_neighbors`` (the nearest); LAMMPS lists all
   pairs within the cutoff. A rank on which an atom has more neighbors than that stops with
   an error instead of computing another function.
@@ -45,6 +48,7 @@ import copy
 import io
 import math
 import sys
+import warnings
 from typing import Any
 
 import torch
@@ -58,6 +62,9 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 MAX_CHARGE = 100
 MAX_SPIN = 100
 CHARGE_TOLERANCE = 1e-6
+
+#: Seed of the random roll angles of the edge frames (see ``Uma.forward``).
+ROLL_SEED = 0
 
 #: Backbone options that describe fairchem's own graph construction, force and stress
 #: outputs or training: set here, whatever a configuration says.
@@ -83,14 +90,21 @@ def _escn_md() -> Any:
     """fairchem's ``escn_md`` module, imported once.
 
     Importing fairchem initializes Warp, which prints a banner to stdout: that banner is
-    dropped, anything else printed is kept.
+    dropped, anything else printed is kept. fairchem scripts a few functions with
+    ``torch.jit.script``, which recent torch deprecates: that warning says nothing about the
+    model.
     """
     global _ESCN_MD
     if _ESCN_MD is not None:
         return _ESCN_MD
     captured = io.StringIO()
     try:
-        with contextlib.redirect_stdout(captured):
+        with contextlib.redirect_stdout(captured), warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore",
+                message=r"`torch\.jit\.script` is deprecated",
+                category=DeprecationWarning,
+            )
             from fairchem.core.models.uma import escn_md
     except ImportError as err:
         raise ImportError(f"{_INSTALL_HINT} ({err})") from err
@@ -178,7 +192,9 @@ class Uma(Potential):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}; got '{dtype}'")
         if int(spin) != spin or not 0 <= spin <= MAX_SPIN:
-            raise ValueError(f"spin multiplicity must be an integer from 0 to {MAX_SPIN}, got {spin}")
+            raise ValueError(
+                f"spin multiplicity must be an integer from 0 to {MAX_SPIN}, got {spin}"
+            )
         elements = list(elements)
         network, head = build_backbone(backbone)
         numbers = [_atomic_number(e) for e in elements]
@@ -281,18 +297,34 @@ class Uma(Potential):
         system = backbone.csd_embedding(charge, spin, [self.task])
         sys_node_embedding = system.expand(n, -1)
 
-        # the graph: edges pair_j (source) -> pair_i (target), vector x[j] - x[i]
-        edge_index = torch.stack([graph.pair_j, graph.pair_i])
-        vectors = graph.rij.to(dtype)
+        # the graph: edges pair_j (source) -> pair_i (target), vector x[j] - x[i]. fairchem's
+        # convolutions need an edge: without pairs, a dummy row n gets a self-loop longer than
+        # the cutoff (as fairchem's add_n_empty_edges), whose envelope makes its message zero
+        senders, receivers, vectors = graph.pair_j, graph.pair_i, graph.rij.to(dtype)
+        rows = n
+        if graph.npairs == 0:
+            rows = n + 1
+            senders = receivers = torch.full((1,), n, dtype=torch.int64, device=device)
+            # joined to rij (empty) so that the backward reaches this rank's exchanges
+            dummy = torch.full((1, 3), 1.0 + backbone.cutoff, dtype=dtype, device=device)
+            vectors = torch.cat([vectors, dummy])
+            numbers = torch.cat([numbers, numbers.new_zeros(1)])
+            sys_node_embedding = system.expand(rows, -1)
+        edge_index = torch.stack([senders, receivers])
         distances = torch.linalg.norm(vectors, dim=-1)
-        wigner, wigner_inv = backbone._get_rotmat_and_wigner(vectors)
+        # fairchem rolls each edge's frame by a random angle at every call (the model is
+        # invariant to it up to rounding): drawn from a fixed seed here, so that evaluations
+        # repeat bit for bit and torch's generator is left alone
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(ROLL_SEED)
+            wigner, wigner_inv = backbone._get_rotmat_and_wigner(vectors)
         coefficient_index = backbone.coefficient_index if backbone.mmax != backbone.lmax else None
         wigner, wigner_inv = backbone.backend.prepare_wigner(
             wigner, wigner_inv, backbone.mappingReduced, coefficient_index
         )
 
         x = torch.zeros(
-            n, backbone.sph_feature_size, backbone.sphere_channels, dtype=dtype, device=device
+            rows, backbone.sph_feature_size, backbone.sphere_channels, dtype=dtype, device=device
         )
         x[:, 0, :] = backbone.sphere_embedding(numbers) + sys_node_embedding
 
@@ -300,15 +332,15 @@ class Uma(Potential):
         x_edge = torch.cat(
             (
                 backbone.distance_expansion(distances),
-                backbone.source_embedding(numbers[graph.pair_j]),
-                backbone.target_embedding(numbers[graph.pair_i]),
+                backbone.source_embedding(numbers[senders]),
+                backbone.target_embedding(numbers[receivers]),
             ),
             dim=1,
         )
         if wigner_inv.ndim == 3:
             envelope = envelope.unsqueeze(-1)
         wigner_inv_envelope = wigner_inv * envelope
-        x = backbone.edge_degree_embedding(x, x_edge, graph.pair_i, wigner_inv_envelope)
+        x = backbone.edge_degree_embedding(x, x_edge, receivers, wigner_inv_envelope)
         x = _exchange(x, graph)
 
         x_edge_per_layer = backbone.backend.get_layer_radial_emb(x_edge, backbone)
@@ -320,16 +352,16 @@ class Uma(Potential):
                 edge_index,
                 wigner,
                 wigner_inv_envelope,
-                total_atoms_across_gp_ranks=n,
+                total_atoms_across_gp_ranks=rows,
                 sys_node_embedding=sys_node_embedding,
-                scatter_target=graph.pair_i,
+                scatter_target=receivers,
             )
             x = self._balance_channels(x, mapped, charge, spin, graph)
             if k < last:
                 x = _exchange(x, graph)
 
         x = backbone.norm(x)
-        energies = self.energy_block(x[:, 0, :]).squeeze(-1)
+        energies = self.energy_block(x[:n, 0, :]).squeeze(-1)
         return torch.where(mapped, energies, 0.0)
 
     def _check_neighbors(self, graph: LocalGraph) -> None:
@@ -375,6 +407,8 @@ class Uma(Potential):
 
 
 def _exchange(x: torch.Tensor, graph: LocalGraph) -> torch.Tensor:
-    """Ghost rows of the node embeddings ``(ntotal, (lmax+1)^2, channels)`` take their
-    owners' values."""
-    return graph.comm.forward_exchange(x.flatten(1)).view_as(x)
+    """Ghost rows of the node embeddings ``(rows, (lmax+1)^2, channels)`` take their
+    owners' values (a dummy row after the ``ntotal`` atoms stays as it is)."""
+    n = graph.ntotal
+    exchanged = graph.comm.forward_exchange(x[:n].flatten(1)).view_as(x[:n])
+    return torch.cat([exchanged, x[n:]]) if x.shape[0] > n else exchanged
