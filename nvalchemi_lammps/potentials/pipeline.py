@@ -79,6 +79,12 @@ class Pipeline(Potential):
         self.charges_from = charges_from
         self.spec = _combined_spec([t.spec for t in terms])
 
+    @property
+    def periodicity(self) -> tuple[bool, bool, bool]:
+        """The box the terms run in: periodic where every term that says is."""
+        axes = [getattr(t, "periodicity", (True, True, True)) for t in self.terms]
+        return tuple(all(a[d] for a in axes) for d in range(3))
+
     def config(self) -> dict[str, Any]:
         return {
             "terms": [
