@@ -92,6 +92,18 @@ def test_export_checks_a_model_with_non_pairwise_terms(tmp_path, capsys):
     assert load_model(out).spec.needs_positions
 
 
+@pytest.mark.parametrize("slab", ["", "slab = 3.0"], ids=["periodic", "slab"])
+def test_export_checks_electrostatics_in_their_own_box(tmp_path, capsys, slab):
+    """The reload check runs a slab model (boundary p p f) in a slab, and it sits in a
+    pipeline too."""
+    term = f'potential = "pme"\nelements = ["Na", "Cl"]\ncutoff = 6.0\nalpha = 0.5\nmesh = 12\n{slab}\n'
+    config = tmp_path / "pipeline.toml"
+    config.write_text('potential = "pipeline"\n[[terms]]\n' + term)
+    out = tmp_path / "pipeline.pt"
+    assert export_cli.main([str(config), "-o", str(out)]) == 0, capsys.readouterr().out
+    assert load_model(out).periodicity == (True, True, not slab)
+
+
 def test_export_example_config_matches_the_lj_cut_input():
     """lammps_inputs/in.arkr runs lj/cut with these numbers; keep the two in step."""
     config = tomllib.loads(ARKR.read_text())
