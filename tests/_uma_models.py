@@ -113,3 +113,15 @@ def fairchem_forward(potential, system: System, charge: int = 0) -> dict:
         "forces": out["forces"]["forces"].detach().double().numpy(),
         "virial": -volume * out["stress"]["stress"].detach().double().numpy().reshape(3, 3),
     }
+
+
+def copper_oxide_slab(seed: int = 0) -> System:
+    """:func:`copper_oxide_box` in a box three times as tall along z, atoms lifted by
+    0.6 Angstrom: 7.2 Angstrom of vacuum (more than the cutoff) above them, and the upper
+    half of the box (z > 5.4 Angstrom) empty."""
+    base = copper_oxide_box(seed)
+    cell = base.cell.copy()
+    cell[2, 2] *= 3.0
+    positions = base.positions + np.array([0.0, 0.0, 0.6])
+    assert 0.0 < positions[:, 2].min() and positions[:, 2].max() < cell[2, 2] / 2
+    return System(f"cuohc_slab_{seed}", positions, cell, base.pbc, base.species, ELEMENTS)
