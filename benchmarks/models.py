@@ -15,3 +15,10 @@ def small_mace(dtype: str = "float32"):
     from nvalchemi_lammps.potentials.mace import Mace
 
     return Mace.from_model(random_mace(), dtype=dtype)
+
+
+def random_aimnet2(elements: list[str], dtype: str = "float32"):
+    """AIMNet2 with random weights from aimnet's packaged architecture."""
+    from nvalchemi_lammps.potentials.aimnet2 import AIMNet2
+
+    return AIMNet2.random_weights(elements, seed=0, dtype=dtype)

@@ -86,3 +86,17 @@ def test_bad_configuration_is_refused(tmp_path, capsys, extra, message):
     config = _config(tmp_path, "{file: missing.pt}", extra)
     assert main(["bench", str(config)]) == 2
     assert message in capsys.readouterr().out
+
+
+CONFIGS = sorted((TESTS.parent / "benchmarks" / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_benchmark_configurations_build_their_models(path, tmp_path):
+    """Every configuration in benchmarks/configs reads and writes its model file."""
+    from nvalchemi_lammps.cli.bench import build_model, read_bench_config
+
+    config = read_bench_config(path)
+    potential = build_model(config, tmp_path / "model.pt")
+    assert (tmp_path / "model.pt").is_file()
+    assert len(config.elements) <= len(potential.spec.elements)
