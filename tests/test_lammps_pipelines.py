@@ -1,7 +1,7 @@
 """Composed pipelines through ``pair_style nvalchemi``, in float64:
 
-- MACE + DFT-D3(BJ) + PME on displaced rock-salt NaCl (216 ions, charges from LAMMPS's
-  ``atom_style charge``);
+- MACE + DFT-D3(BJ) + PME (+ a Lennard-Jones wall, as random MACE weights repel nothing) on
+  displaced rock-salt NaCl (64 ions, charges +-0.5 from LAMMPS's ``atom_style charge``);
 - AIMNet2 whose predicted charges feed PME, on a small box of molecules, neutral and with
   ``pair_style ... charge 1`` (PME then with its neutralizing background).
 
@@ -22,11 +22,9 @@ from _aimnet2_models import molecular_box, random_aimnet2
 from _mace_models import random_mace
 from lammps_helpers import MEASURED, NPROCS, PRESSURE, assert_all_close, per_atom, print_results
 
-from nvalchemi_lammps import Pipeline, save_model
+from nvalchemi_lammps import DFTD3, LennardJones, Pipeline, Pme, save_model
 from nvalchemi_lammps.lammps_run import read_dump, read_results, run_lammps, write_lammps_data
-from nvalchemi_lammps.potentials.dftd3 import DFTD3
 from nvalchemi_lammps.potentials.mace import Mace
-from nvalchemi_lammps.potentials.pme import Pme
 from nvalchemi_lammps.reference import evaluate_reference
 
 pytestmark = pytest.mark.lammps
@@ -52,14 +50,14 @@ class Case:
         return list(self.pipeline.spec.elements)
 
 
-def _rock_salt(cells: int = 3, a: float = 5.64, seed: int = 3):
+def _rock_salt(cells: int = 2, a: float = 5.64, seed: int = 3):
     fcc = np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.5]])
     grid = np.stack(np.meshgrid(*[np.arange(cells)] * 3, indexing="ij"), -1).reshape(-1, 3)
     sodium = (grid[:, None, :] + fcc[None]).reshape(-1, 3)
     frac = np.vstack([sodium, sodium + [0.5, 0.0, 0.0]]) / cells
     cell = np.eye(3) * a * cells
     rng = np.random.default_rng(seed)
-    positions = np.mod(frac @ cell + rng.normal(0.0, 0.15, frac.shape), a * cells)
+    positions = np.mod(frac @ cell + rng.normal(0.0, 0.1, frac.shape), a * cells)
     species = np.repeat([0, 1], len(sodium))
     return positions, cell, species
 
@@ -68,18 +66,26 @@ def mace_d3_pme() -> Case:
     positions, cell, species = _rock_salt()
     elements = ["Na", "Cl"]
     mace = Mace.from_model(random_mace(atomic_numbers=[11, 17], seed=2), dtype="float64")
-    d3 = DFTD3(elements, cutoff=12.0, cn_cutoff=8.0, functional="pbe")
+    d3 = DFTD3(elements, cutoff=9.0, cn_cutoff=6.0, functional="pbe")
     # alpha large enough that the real-space sum is negligible at its cutoff (energy
-    # steps of ~1e-7 eV when a pair crosses it), the mesh fine enough for that alpha
-    pme = Pme(elements, cutoff=8.0, alpha=0.45, mesh=24, order=5)
+    # steps of ~1e-6 eV when a pair crosses it), the mesh fine enough for that alpha
+    pme = Pme(elements, cutoff=5.6, alpha=0.6, mesh=16, order=5)
+    # random MACE weights repel nothing: a Lennard-Jones wall keeps the ions apart
+    wall = LennardJones(
+        elements,
+        epsilon={"Na": 0.05, "Cl": 0.05},
+        sigma={"Na": 2.1, "Cl": 3.1},
+        cutoff=5.6,
+        shift=True,
+    )
     return Case(
         "mace+d3+pme",
-        Pipeline([mace, d3, pme]),
+        Pipeline([mace, d3, pme, wall]),
         positions,
         cell,
         species,
         [22.98977, 35.453],
-        np.where(species == 0, 1.0, -1.0),
+        np.where(species == 0, 0.5, -0.5),
         0.0,
         0.001,
         300.0,
@@ -208,7 +214,7 @@ def test_nve_conserves_energy_on_two_ranks_as_on_one(case_id, prepared, tmp_path
             """
         )
         run_lammps(script, nprocs, workdir, timeout=900).check()
-        steps, etotal, kinetic = np.loadtxt(workdir / "energy.txt", unpack=True)
+        steps, etotal, _kinetic = np.loadtxt(workdir / "energy.txt", unpack=True)
         assert steps[-1] == NVE_STEPS
         energies[nprocs] = etotal
     one, two = energies[1], energies[2]
