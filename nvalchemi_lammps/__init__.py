@@ -38,6 +38,7 @@ _EXPORTS = {
     "Pipeline": ".potentials",
     "Pme": ".potentials",
     "ToolkitLennardJones": ".potentials",
+    "Uma": ".potentials",
     "Potential": ".potentials",
 }
 
@@ -59,6 +60,7 @@ __all__ = [
     "Pme",
     "Potential",
     "ToolkitLennardJones",
+    "Uma",
     "evaluate",
     "load_model",
     "map_elements",

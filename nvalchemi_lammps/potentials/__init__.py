@@ -1,7 +1,7 @@
 """Potentials: torch modules that turn a :class:`~nvalchemi_lammps.contract.LocalGraph` into
 per-atom energies. They know physics, not LAMMPS or MPI.
 
-Model packages (mace-torch, aimnet, nvalchemi-toolkit-ops) are imported only when a model
+Model packages (mace-torch, aimnet, nvalchemi-toolkit-ops, fairchem-core) are imported only when a model
 that needs them is built or loaded.
 """
 
@@ -15,6 +15,7 @@ from .message_passing import MessagePassing
 from .pipeline import Pipeline
 from .pme import Pme
 from .toolkit_lennard_jones import ToolkitLennardJones
+from .uma import Uma
 
 __all__ = [
     "DFTD3",
@@ -27,6 +28,7 @@ __all__ = [
     "Pme",
     "Potential",
     "ToolkitLennardJones",
+    "Uma",
     "potential_class",
     "register_potential",
 ]
