@@ -5,7 +5,8 @@
   charged, with and without the ``SRCoulomb`` head;
 - systems split over 1 to 4 ranks (one of them empty), with features and charges exchanged
   between passes (``exchange``) or a widened ghost shell (``shell``), equal it too, and the
-  owned charges of all ranks add up to the net charge;
+  owned charges of all ranks add up to the net charge; under ``exchange`` only the owned
+  rows go through the MLPs;
 - float32 models, model files, ``nvalchemi-lammps export``, NULL atoms, errors.
 
 Weights are random, drawn from aimnet's packaged AIMNet2 architecture with a seed.
@@ -195,6 +196,28 @@ def test_shell_equals_reference(potential):
     _assert_equal(got, ref)
     assert abs(charges.sum() + 1.0) <= CHARGE_TOLERANCE
     assert "forward_exchange" not in world.calls[0]
+
+
+def test_only_receiving_rows_are_computed(potential):
+    """Under the exchange the MLPs see the owned rows (and aimnet's dummy) only, not the
+    ghosts; under the widened shell, whose ghosts receive pairs, every row."""
+    rows = []
+    hooks = [
+        mlp.register_forward_hook(lambda _mlp, args, _out: rows.append(args[0].shape[0]))
+        for mlp in potential.model.mlps
+    ]
+    try:
+        exchange = decompose(SYSTEM, CUTOFF, 2)
+        _run_ranks(potential, SYSTEM, exchange)
+        under_exchange, rows[:] = set(rows), []
+        shell = decompose_shell(SYSTEM, CUTOFF, potential.spec.layers, 2)
+        _run_ranks(potential, SYSTEM, shell, exchange=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert all(len(g.species) > g.nlocal for g in exchange)
+    assert under_exchange == {g.nlocal + 1 for g in exchange}, under_exchange
+    assert set(rows) == {len(g.species) + 1 for g in shell}, set(rows)
 
 
 def test_exchange_is_needed(potential):

@@ -19,6 +19,9 @@ What differs from aimnet, and why:
   ``graph.comm.forward_exchange``, so that ghost rows hold their owners' values for the next
   pass's convolutions (the identity under the widened ghost shell, where ghosts compute their
   own): ``layers`` is the number of passes;
+- only the rows that receive pairs are computed: under the exchange no ghost receives one,
+  and the AEV, convolutions, MLPs and heads run on the owned rows only (the senders' values
+  read from the table of all rows); under the widened shell every row is computed;
 - per-atom energies are returned instead of aimnet's per-system sum (``AtomicSum``);
 - the long-range heads are dropped: ``LRCoulomb`` (aimnet's Coulomb energy of the predicted
   charges) and ``DFTD3``/``D3TS`` (dispersion). Pipelines of this package add Ewald/PME and
@@ -40,6 +43,7 @@ import copy
 import io
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +99,7 @@ def _aimnet() -> Any:
             import aimnet.models.base
             import aimnet.models.utils
             import aimnet.modules
+            import aimnet.nbops
     except ImportError as err:
         raise ImportError(f"{_INSTALL_HINT} ({err})") from err
     finally:
@@ -346,8 +351,9 @@ class AIMNet2(Potential):
     def outputs(self, graph: LocalGraph) -> dict[str, torch.Tensor]:
         """Per-atom ``energies`` and ``charges`` (both ``(ntotal,)``) of every row.
 
-        Energies are right for owned rows (the engine sums those); charges for every row:
-        ghost rows hold their owners' charges, or their own under the widened shell.
+        Energies are right for owned rows (the engine sums those; ghost rows hold zero, or
+        their own under the widened shell); charges for every row: ghost rows hold their
+        owners' charges, or their own under the widened shell.
         """
         return _evaluate(self.model, graph, self.atomic_numbers, self.spec.torch_dtype)
 
@@ -370,29 +376,37 @@ def _dropped_heads(config: dict[str, Any]) -> list[str]:
     ]
 
 
-def _mode1_inputs(
-    graph: LocalGraph, numbers: torch.Tensor, dtype: torch.dtype
-) -> dict[str, torch.Tensor]:
-    """aimnet's flat "mode 1" layout of ``graph``: rows ``0..ntotal-1`` are the atoms and
-    row ``ntotal`` a dummy; ``nbmat[i]`` lists the senders of the pairs received by ``i``,
-    padded with the dummy, ``r_ij`` their pair vectors (padding: 1, as aimnet pads)."""
+def _computed_rows(graph: LocalGraph) -> int:
+    """``m``: the passes compute rows ``0..m-1``, the rows that receive pairs. That is the
+    owned rows when no ghost receives a pair (``strategy exchange``: the ghosts' features and
+    charges then come from their owners), else every row (the widened shell, where ghosts
+    compute their own)."""
+    if graph.npairs == 0 or int(graph.pair_i.max()) < graph.nlocal:
+        return graph.nlocal
+    return graph.ntotal
+
+
+def _mode1_inputs(graph: LocalGraph, m: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """aimnet's flat "mode 1" layout of rows ``0..m-1`` of ``graph`` (:func:`_computed_rows`)
+    and a dummy last row; ``nbmat[i]`` lists the senders of the pairs received by row ``i``,
+    as rows of the whole table (``0..ntotal-1``, ghosts included), padded with the table's
+    dummy row ``ntotal``; ``r_ij`` holds the pair vectors (padding: 1, as aimnet pads)."""
     n, device = graph.ntotal, graph.species.device
     order = torch.argsort(graph.pair_i, stable=True)
     receiver, sender = graph.pair_i[order], graph.pair_j[order]
-    counts = torch.bincount(receiver, minlength=n + 1)
+    counts = torch.bincount(receiver, minlength=m + 1)
     width = int(counts.max()) if graph.npairs else 0
     starts = torch.cumsum(counts, 0) - counts
     slot = torch.arange(graph.npairs, device=device) - starts[receiver]
-    nbmat = torch.full((n + 1, width), n, dtype=torch.int64, device=device)
+    nbmat = torch.full((m + 1, width), n, dtype=torch.int64, device=device)
     nbmat[receiver, slot] = sender
-    r_ij = torch.ones(n + 1, width, 3, dtype=dtype, device=device)
+    r_ij = torch.ones(m + 1, width, 3, dtype=dtype, device=device)
     r_ij = r_ij.index_put((receiver, slot), graph.rij[order].to(dtype))
     return {
-        "numbers": torch.cat([numbers, numbers.new_zeros(1)]),
         "nbmat": nbmat,
         "r_ij": r_ij,
         "mask_ij": nbmat == n,
-        "mask_i": torch.arange(n + 1, device=device) == n,
+        "mask_i": torch.arange(m + 1, device=device) == m,
         "_nb_mode": torch.tensor(1),
         "_input_padded": torch.tensor(True),
     }
@@ -401,47 +415,63 @@ def _mode1_inputs(
 def _evaluate(
     model: torch.nn.Module, graph: LocalGraph, atomic_numbers: torch.Tensor, dtype: torch.dtype
 ) -> dict[str, torch.Tensor]:
-    """``AIMNet2.forward_prepared`` on one rank's graph (module docstring)."""
+    """``AIMNet2.forward_prepared`` on one rank's graph (module docstring).
+
+    Two tables of ``ntotal + 1`` rows (every atom and a dummy) hold the atoms' features and
+    charges, which the convolutions read for the senders; the AEV, the convolutions, the
+    MLPs and the heads run on the computed rows only (:func:`_computed_rows`), in aimnet's
+    layout of those rows (:func:`_mode1_inputs`). ``rows(x)`` picks them out of a table.
+    """
     n, nlocal = graph.ntotal, graph.nlocal
+    m = _computed_rows(graph)
+
+    def rows(table: torch.Tensor) -> torch.Tensor:
+        return table if m == n else torch.cat([table[:m], table[n:]])
+
     mapped = graph.species >= 0
     numbers = torch.where(mapped, atomic_numbers[graph.species.clamp(min=0)], 0)
-    data = _mode1_inputs(graph, numbers, dtype)
+    numbers = torch.cat([numbers, numbers.new_zeros(1)])
+    data = _mode1_inputs(graph, m, dtype)
+    data["numbers"] = rows(numbers)
     r_ij = data.pop("r_ij")
     d_ij = torch.linalg.vector_norm(r_ij, dim=-1)
     data["d_ij"] = d_ij
     data["g_sv"] = model.aev._calc_aev(r_ij, d_ij, data)
     # atoms the passes update: not the dummy, not NULL types (no pairs, zero features)
-    real = torch.cat([mapped, mapped.new_zeros(1)])[:, None]
+    real = rows(torch.cat([mapped, mapped.new_zeros(1)]))[:, None]
     total = _check_total_charge(graph.total_charge).to(device=d_ij.device, dtype=dtype)
 
-    features = model.afv(data["numbers"])
+    table_a = model.afv(numbers)  # the element embedding: the first pass's features
     if model.d2features:
-        features = features.unflatten(-1, (model.nfeature, model.nshifts_s))
-    data["a"] = features
+        table_a = table_a.unflatten(-1, (model.nfeature, model.nshifts_s))
+    table_q = None
     last = len(model.mlps) - 1
     for ipass, mlp in enumerate(model.mlps):
-        if ipass == 0:
-            inputs = model._prepare_in_a(data)
-        else:
-            inputs = torch.cat([model._prepare_in_a(data), model._prepare_in_q(data)], dim=-1)
+        inputs = _prepare_in(model.conv_a, data, table_a, rows)
+        if ipass > 0:
+            inputs = torch.cat([inputs, _prepare_in(model.conv_q, data, table_q, rows)], dim=-1)
         out = torch.where(real, mlp(inputs), 0.0)
         if ipass == last:
             data["aim"] = out
             break
         raw, weight, delta = out.split([1, 1, out.shape[-1] - 2], dim=-1)
-        charges = raw if ipass == 0 else data["charges"] + raw
+        charges = raw if table_q is None else rows(table_q) + raw
         charges = _equilibrate(charges, weight.pow(2), total, nlocal, graph)
-        features = data["a"] + delta.view_as(data["a"])
-        # ghosts take their owners' features and charges for the next pass's convolutions
-        rows = torch.cat([features[:n].flatten(1), charges[:n]], dim=1)
-        rows = graph.comm.forward_exchange(rows)
-        width = rows.shape[1] - 1
-        data["a"] = torch.cat([rows[:, :width].reshape(features[:n].shape), features[n:]])
-        data["charges"] = torch.cat([rows[:, width:], charges[n:]])
+        own = rows(table_a)
+        features = own + delta.view_as(own)
+        # ghosts take their owners' features and charges for the next pass's convolutions;
+        # rows m..ntotal-1, not computed, are zero until the exchange fills them
+        table = torch.cat([features[:m].flatten(1), charges[:m]], dim=1)
+        if m < n:
+            table = torch.cat([table, table.new_zeros(n - m, table.shape[1])])
+        table = graph.comm.forward_exchange(table)
+        width = table.shape[1] - 1
+        table_a = torch.cat([table[:, :width].reshape(-1, *features.shape[1:]), features[m:]])
+        table_q = torch.cat([table[:, width:], charges[m:]])
 
-    charges = data["charges"].squeeze(-1)
-    data["charges"] = charges
-    energies = torch.zeros(n + 1, dtype=torch.float64, device=d_ij.device)
+    table_q = table_q.squeeze(-1)
+    data["a"], data["charges"] = rows(table_a), rows(table_q)
+    energies = torch.zeros(m + 1, dtype=torch.float64, device=d_ij.device)
     for head in model.outputs.children():
         kind = type(head).__name__
         if kind == "Output":
@@ -449,10 +479,29 @@ def _evaluate(
         elif kind == "AtomicShift":
             energies = energies + head.shifts(data["numbers"]).squeeze(-1).double()
         elif kind == "SRCoulomb":
-            energies = energies - _short_range_coulomb(head, data)
+            energies = energies - _short_range_coulomb(head, data, table_q)
         # AtomicSum: the engine sums the owned rows
-    energies = torch.where(real[:, 0], energies, 0.0)
-    return {"energies": energies[:n], "charges": charges[:n]}
+    energies = torch.where(real[:, 0], energies, 0.0)[:m]
+    if m < n:  # ghost rows: no energy computed (the engine reads owned rows only)
+        energies = torch.cat([energies, energies.new_zeros(n - m)])
+    return {"energies": energies, "charges": table_q[:n]}
+
+
+def _prepare_in(
+    conv: torch.nn.Module,
+    data: dict[str, torch.Tensor],
+    table: torch.Tensor,
+    rows: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """aimnet's ``AIMNet2._prepare_in_a`` (``conv_a``, ``table`` the features) or
+    ``_prepare_in_q`` (``conv_q``, the charges), their operations in the same order, with the
+    receivers' own values picked out of the table by ``rows`` and the senders' read from the
+    whole table."""
+    own = _aimnet().nbops.get_i(rows(table), data)
+    around = conv(data, table)
+    if own.ndim == 4:  # d2features
+        own = own.flatten(-2, -1)
+    return torch.cat([own.squeeze(-2), around], dim=-1)
 
 
 def _equilibrate(
@@ -469,12 +518,15 @@ def _equilibrate(
     return charges + weights / (weight_sum + 1.0e-6) * (total - charge_sum)
 
 
-def _short_range_coulomb(head: torch.nn.Module, data: dict[str, torch.Tensor]) -> torch.Tensor:
+def _short_range_coulomb(
+    head: torch.nn.Module, data: dict[str, torch.Tensor], table_q: torch.Tensor
+) -> torch.Tensor:
     """Per-atom share of ``SRCoulomb``'s energy, which aimnet sums over each atom's full
-    neighbor row: the same sum, kept per receiving atom (half of each pair's energy)."""
+    neighbor row: the same sum, kept per receiving atom (half of each pair's energy).
+    ``table_q``: every atom's charge, the senders'."""
     aimnet = _aimnet()
     d_ij, charges = data["d_ij"], data["charges"]
-    q_j = charges.index_select(0, data["nbmat"].flatten()).view_as(d_ij)
+    q_j = table_q.index_select(0, data["nbmat"].flatten()).view_as(d_ij)
     if head.envelope == "exp":
         cutoff = aimnet.ops.exp_cutoff(d_ij, head.rc)
     else:
