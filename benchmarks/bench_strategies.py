@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -29,6 +30,7 @@ import numpy as np
 
 from nvalchemi_lammps.lammps_run import run_command, write_lammps_data
 
+_LOOP = re.compile(r"^Loop time of (\S+) on", re.MULTILINE)
 FCC = np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.5]])
 LATTICE = {"mace": 4.3, "mpnn": 4.3}
 
@@ -60,6 +62,18 @@ def make_model(kind: str, dtype: str, path: Path) -> Path:
     return save_model(potential, path)
 
 
+def lammps_sections(log: str, steps: int) -> dict[str, float]:
+    """Seconds per step in each section of LAMMPS's last timing breakdown (average over
+    ranks): Pair, Neigh, Comm, Modify, Output, Other."""
+    table = log[log.rindex("MPI task timing breakdown") :]
+    sections = {}
+    for line in table.splitlines()[3:10]:
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) >= 3:
+            sections[cells[0]] = float(cells[2]) / steps
+    return sections
+
+
 def worker(args: argparse.Namespace) -> None:
     """One MPI rank: run LAMMPS in-process, time the exchanges, write rank<N>.json."""
     import lammps
@@ -69,31 +83,61 @@ def worker(args: argparse.Namespace) -> None:
 
     spent = [0.0]  # inside exchanges
     modelled = [0.0]  # inside the engine: the potential's forward and backward
-    exchanged, evaluate = _lammps_comm._exchanged, plugin.evaluate
+    setup = [False]  # the next evaluate is the setup's force call of a run
+    memory = {"model_extra": 0, "inputs": 0}  # bytes, see below
+    comm_class, evaluate = _lammps_comm.LammpsComm, plugin.evaluate
+    forward, reverse = comm_class._forward, comm_class._reverse
+    cuda = args.device.startswith("cuda")
 
     def sync() -> None:
-        if torch.cuda.is_available():
+        if cuda:
             torch.cuda.synchronize()
 
-    def timed_exchange(operation, src):
-        start = time.perf_counter()
-        try:
-            return exchanged(operation, src)
-        finally:
-            spent[0] += time.perf_counter() - start
+    def timed(operation):
+        def wrapper(self, src):
+            sync()
+            start = time.perf_counter()
+            try:
+                return operation(self, src)
+            finally:
+                sync()
+                spent[0] += time.perf_counter() - start
 
-    def timed_evaluate(*a, **k):
+        return wrapper
+
+    def timed_evaluate(potential, nlocal, species, pair_i, pair_j, rij, *a, **k):
         sync()
+        if cuda:
+            # the bare model's memory on this graph: its inputs plus what it adds at peak
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            graph = (species, pair_i, pair_j, rij, k.get("positions"))
+            memory["inputs"] = sum(t.nbytes for t in graph if t is not None)
         start = time.perf_counter()
         try:
-            return evaluate(*a, **k)
+            return evaluate(potential, nlocal, species, pair_i, pair_j, rij, *a, **k)
         finally:
             sync()
-            modelled[0] += time.perf_counter() - start
+            if setup[0]:  # the force call of the run's setup: not a step of its loop
+                setup[0] = False
+                spent[0] = 0.0
+            else:
+                modelled[0] += time.perf_counter() - start
+            if cuda:
+                memory["model_extra"] = torch.cuda.max_memory_allocated() - before
 
-    _lammps_comm._exchanged = timed_exchange
+    sessions = []
+    open_session = plugin.open_session
+
+    def recorded_session(*a, **k):
+        sessions.append(open_session(*a, **k))
+        return sessions[-1]
+
+    comm_class._forward, comm_class._reverse = timed(forward), timed(reverse)
     plugin.evaluate = timed_evaluate
-    lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
+    plugin.open_session = recorded_session
+    log = args.data.parent / "log.lammps"
+    lmp = lammps.lammps(cmdargs=["-log", str(log), "-screen", "none", "-nocite"])
     lmp.commands_string(f"""
         units metal
         atom_style atomic
@@ -107,14 +151,32 @@ def worker(args: argparse.Namespace) -> None:
         run {args.warmup}
     """)
     spent[0] = modelled[0] = 0.0
+    setup[0] = True
     start = time.perf_counter()
     lmp.command(f"run {args.steps}")
     elapsed = time.perf_counter() - start
+    # the loop alone (LAMMPS's "Loop time"), without the run's setup: its neighbor-list
+    # build, topology upload and force call
+    loop = float(_LOOP.findall(log.read_text())[-1])
+    result = {"seconds": loop, "run_seconds": elapsed, "exchange": spent[0]}
+    result["model"] = modelled[0]
+    if cuda:
+        result["peak_bytes"] = torch.cuda.max_memory_allocated()  # of the last step
+        result["model_bytes"] = memory["inputs"] + memory["model_extra"]
+        result["gpu_bytes"] = torch.cuda.get_device_properties(
+            torch.cuda.current_device()
+        ).total_memory
+    if args.profile:
+        # where a step goes, in a second run: LAMMPS's sections and the pair style's phases
+        # (each CUDA-synchronized, so this run is a little slower than the one above)
+        sessions[-1].timings = {}
+        setup[0] = True
+        lmp.command(f"run {args.steps}")
+        result["phases"] = {k: v / args.steps for k, v in sessions[-1].timings.items()}
+        result["sections"] = lammps_sections(log.read_text(), args.steps)
     me = lmp.extract_setting("world_rank")
     # one file per rank: ranks writing to one stdout interleave their lines
-    (args.data.parent / f"rank{me}.json").write_text(
-        json.dumps({"seconds": elapsed, "exchange": spent[0], "model": modelled[0]})
-    )
+    (args.data.parent / f"rank{me}.json").write_text(json.dumps(result))
     lmp.finalize()  # MPI_Finalize on every rank: else hydra may kill ranks still exiting
 
 
@@ -132,7 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument(
+        "--profile", action="store_true", help="a second run per case, timed by phase"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--tag", default="", help="suffix of the result file name")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--model-file", type=Path, help=argparse.SUPPRESS)
@@ -152,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             for ranks in args.ranks:
                 row = {"model": args.model, "atoms": natoms, "ranks": ranks}
                 for strategy in args.strategies:
-                    steps, shares, models = [], [], []
+                    steps, shares, models, runs = [], [], [], []
                     for _ in range(args.repeats):
                         cmd = [
                             str(mpirun),
@@ -173,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                             str(args.steps),
                             "--warmup",
                             str(args.warmup),
-                        ]
+                        ] + (["--profile"] if args.profile else [])
                         # liblammps needs the MPICH wheel's libmpi.so.12 (in <env>/lib)
                         libdir = str(Path(sys.executable).parent.parent / "lib")
                         ld_path = os.environ.get("LD_LIBRARY_PATH", "")
@@ -188,10 +254,22 @@ def main(argv: list[str] | None = None) -> int:
                             json.loads((tmp / f"rank{r}.json").read_text()) for r in range(ranks)
                         ]
                         seconds = max(r["seconds"] for r in ranks_out)
+                        runs.append(1e3 * max(r["run_seconds"] for r in ranks_out) / args.steps)
                         steps.append(1e3 * seconds / args.steps)
                         shares.append(max(r["exchange"] for r in ranks_out) / seconds)
                         models.append(1e3 * max(r["model"] for r in ranks_out) / args.steps)
+                    rank0 = ranks_out[0]
+                    for key in ("phases", "sections"):
+                        if key in rank0:
+                            row[f"{strategy}_{key}_ms"] = {
+                                k: 1e3 * v for k, v in rank0[key].items()
+                            }
+                    for key in ("peak_bytes", "model_bytes", "gpu_bytes"):
+                        if key in rank0:
+                            row[f"{strategy}_{key}"] = max(r[key] for r in ranks_out)
                     row[f"{strategy}_ms"] = statistics.median(steps)
+                    # the whole run command per step, its setup included (round 1's measure)
+                    row[f"{strategy}_run_ms"] = statistics.median(runs)
                     row[f"{strategy}_exchange_share"] = statistics.median(shares)
                     row[f"{strategy}_model_ms"] = statistics.median(models)
                     # what the pair style and LAMMPS add to the model's own time
@@ -207,9 +285,20 @@ def main(argv: list[str] | None = None) -> int:
                         f"{100 * row[f'{strategy}_exchange_share']:.1f}% in exchanges",
                         flush=True,
                     )
+                    for key in ("phases", "sections"):
+                        if f"{strategy}_{key}_ms" in row:
+                            parts = row[f"{strategy}_{key}_ms"].items()
+                            print(f"  {key}: " + ", ".join(f"{k} {v:.2f}" for k, v in parts))
+                    if f"{strategy}_peak_bytes" in row:
+                        print(
+                            f"  GPU memory: step peak {row[f'{strategy}_peak_bytes'] / 2**30:.2f}"
+                            f" GiB, bare model {row[f'{strategy}_model_bytes'] / 2**30:.2f} GiB"
+                            f" of {row[f'{strategy}_gpu_bytes'] / 2**30:.1f} GiB",
+                            flush=True,
+                        )
                 rows.append(row)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"bench_strategies_{args.model}.json").write_text(
+    (args.out / f"bench_strategies_{args.model}{args.tag}.json").write_text(
         json.dumps(
             {
                 "args": {k: str(v) for k, v in vars(args).items()},

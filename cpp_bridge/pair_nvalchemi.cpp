@@ -12,6 +12,10 @@
    (all candidates, skin included) and positions every step: it builds rij and
    applies the cutoff on the device, and returns per-atom forces unless
    per-pair ones are needed (per-atom virial).
+
+   Ghost features (strategy exchange) move by an exchange plan made at each
+   list build: gathers on the model's device, and between ranks only one row
+   per remote atom that ghosts here image.
 ------------------------------------------------------------------------- */
 
 #include "pair_nvalchemi.h"
@@ -55,6 +59,12 @@ class PairCollectives : public Collectives {
   int ntotal() const override { return atom->nlocal + atom->nghost; }
   void forward_exchange(double *rows, int width) override { pair->forward_exchange(rows, width); }
   void reverse_exchange(double *rows, int width) override { pair->reverse_exchange(rows, width); }
+  int nsend() const override { return pair->nsend(); }
+  int nrecv() const override { return pair->nrecv(); }
+  void transfer(const void *send, void *recv, int width, bool single, bool reverse) override
+  {
+    pair->transfer(send, recv, width, single, reverse);
+  }
   void allreduce(double *values, int count) override
   {
     MPI_Allreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, MPI_SUM, world);
@@ -75,7 +85,7 @@ PairNvalchemi::PairNvalchemi(LAMMPS *lmp) :
     exchange_rows(nullptr), exchange_width(0), exchange_offset(0), exchange_count(0), maxatom(0),
     maxpair(0),
     species(nullptr), owner(nullptr), candidate_i(nullptr), candidate_j(nullptr),
-    ncandidates(0), topology_stamp(-1), topology_ntotal(-1), local_exchange(0),
+    nreceived(0), ncandidates(0), topology_ntotal(-1),
     pair_i(nullptr), pair_j(nullptr), rij(nullptr), pair_forces(nullptr), atom_energies(nullptr),
     atom_forces(nullptr)
 {
@@ -124,10 +134,13 @@ void PairNvalchemi::compute(int eflag, int vflag)
   const int ntotal = nlocal + atom->nghost;
 
   // Atom order, types and the neighbor list change only when LAMMPS rebuilds the list:
-  // a model on a GPU keeps the topology (species, candidate pairs, owner map) there
+  // a model on a GPU keeps the topology (species, candidate pairs, exchange plan) there
   // in between and gets only positions each step.
   const bool filtered = !session->on_device();
-  const bool rebuilt = neighbor->ncalls != topology_stamp || ntotal != topology_ntotal;
+  // neighbor->ago is 0 on every rank at once after a build (a run's setup too); the atom
+  // count alone misses a rebuild that reorders atoms. Every rank must agree: the exchange
+  // plan is collective.
+  const bool rebuilt = neighbor->ago == 0 || topology_ntotal < 0;
   if (rebuilt) build_topology();
   // host: the pairs within the cutoff each step; GPU: the candidates, sent when rebuilt
   bigint *slot_i = filtered ? pair_i : candidate_i;
@@ -139,8 +152,12 @@ void PairNvalchemi::compute(int eflag, int vflag)
   step.positions = ntotal ? &x[0][0] : nullptr;
   step.new_topology = rebuilt || filtered;
   step.species = species;
-  step.local_exchange = local_exchange != 0;
-  step.owner = owner;
+  const bool plan = session->uses_exchange();
+  step.owner = plan ? owner : nullptr;
+  step.send_rows = plan ? send_rows.data() : nullptr;
+  step.nsend = plan ? nsend() : 0;
+  step.nrecv = plan ? nreceived : 0;
+  step.remote = comm->nprocs > 1;
   step.filtered = filtered;
   step.npairs = filtered ? pairs_in_cutoff() : ncandidates;
   step.capacity = maxpair;
@@ -210,7 +227,7 @@ void PairNvalchemi::compute(int eflag, int vflag)
 }
 
 /* ----------------------------------------------------------------------
-   after a neighbor-list build: species, candidate pairs and the owner map
+   after a neighbor-list build: species, candidate pairs and the exchange plan
 ------------------------------------------------------------------------- */
 
 void PairNvalchemi::build_topology()
@@ -246,34 +263,94 @@ void PairNvalchemi::build_topology()
     }
   }
 
-  // On one rank every ghost is a periodic image of an owned atom; then the model's
-  // exchanges are a gather from and a sum into owners, on its device. All ranks must
-  // agree, since the exchange through LAMMPS is collective.
-  local_exchange = 0;
-  if (session->uses_exchange()) {
-    const tagint *tag = atom->tag;
-    int local = 1;
-    std::unordered_map<tagint, int> owned;
-    if (atom->map_style == Atom::MAP_NONE)
-      for (int i = 0; i < nlocal; i++) owned[tag[i]] = i;
-    for (int k = 0; k < ntotal && local; k++) {
-      int m = k;
-      if (k >= nlocal) {
-        // atom->map() prefers the owned copy over ghost images
-        if (atom->map_style != Atom::MAP_NONE)
-          m = atom->map(tag[k]);
-        else {
-          const auto it = owned.find(tag[k]);
-          m = it == owned.end() ? -1 : it->second;
-        }
-      }
-      if (m < 0 || m >= nlocal) local = 0;
-      owner[k] = m;
-    }
-    MPI_Allreduce(&local, &local_exchange, 1, MPI_INT, MPI_MIN, world);
-  }
-  topology_stamp = neighbor->ncalls;
+  if (session->uses_exchange()) build_exchange_plan();
   topology_ntotal = ntotal;
+}
+
+/* ----------------------------------------------------------------------
+   after a neighbor-list build: where each row's exchanged values come from.
+   A ghost of an atom owned here gathers from it on the model's device; a ghost
+   of a remote atom from one received row per distinct remote atom, so each
+   exchange moves only those rows between ranks, in the model's precision.
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::build_exchange_plan()
+{
+  const int nlocal = atom->nlocal;
+  const int ntotal = nlocal + atom->nghost;
+  const int nprocs = comm->nprocs;
+
+  // every row's origin (rank, owned row there), carried to the ghosts by LAMMPS's
+  // forward communication exactly as positions travel (through intermediate ghosts)
+  std::vector<double> origin(2 * static_cast<size_t>(ntotal));
+  for (int i = 0; i < nlocal; i++) {
+    origin[2 * i] = comm->me;
+    origin[2 * i + 1] = i;
+  }
+  forward_exchange(origin.data(), 2);
+
+  // remote origins: one slot per distinct atom, numbered per rank, then ranks in order
+  std::vector<std::unordered_map<bigint, int>> slot(nprocs);
+  std::vector<std::vector<bigint>> wanted(nprocs);
+  std::vector<int> from(ntotal, comm->me);
+  for (int k = 0; k < ntotal; k++) {
+    const int rank = static_cast<int>(origin[2 * k]);
+    const auto row = static_cast<bigint>(origin[2 * k + 1]);
+    if (rank == comm->me) {
+      owner[k] = row;
+      continue;
+    }
+    const auto added = slot[rank].emplace(row, static_cast<int>(wanted[rank].size()));
+    if (added.second) wanted[rank].push_back(row);
+    owner[k] = added.first->second;
+    from[k] = rank;
+  }
+  std::vector<int> first(nprocs + 1, 0);
+  recv_counts.assign(nprocs, 0);
+  for (int r = 0; r < nprocs; r++) {
+    recv_counts[r] = static_cast<int>(wanted[r].size());
+    first[r + 1] = first[r] + recv_counts[r];
+  }
+  nreceived = first[nprocs];
+  for (int k = 0; k < ntotal; k++)
+    if (from[k] != comm->me) owner[k] += nlocal + first[from[k]];
+
+  // tell each rank which of its atoms this one receives
+  send_counts.assign(nprocs, 0);
+  MPI_Alltoall(recv_counts.data(), 1, MPI_INT, send_counts.data(), 1, MPI_INT, world);
+  std::vector<bigint> requests;
+  requests.reserve(nreceived);
+  for (int r = 0; r < nprocs; r++) requests.insert(requests.end(), wanted[r].begin(), wanted[r].end());
+  std::vector<int> send_first(nprocs + 1, 0);
+  for (int r = 0; r < nprocs; r++) send_first[r + 1] = send_first[r] + send_counts[r];
+  send_rows.assign(send_first[nprocs], 0);
+  MPI_Alltoallv(requests.data(), recv_counts.data(), first.data(), MPI_LMP_BIGINT,
+                send_rows.data(), send_counts.data(), send_first.data(), MPI_LMP_BIGINT, world);
+}
+
+/* ----------------------------------------------------------------------
+   rows between ranks by the exchange plan, float64 or float32 (single)
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::transfer(const void *send, void *recv, int width, bool single,
+                             bool reverse)
+{
+  const int nprocs = comm->nprocs;
+  const std::vector<int> &out = reverse ? recv_counts : send_counts;
+  const std::vector<int> &in = reverse ? send_counts : recv_counts;
+  std::vector<int> sendcounts(nprocs), sdispls(nprocs), recvcounts(nprocs), rdispls(nprocs);
+  int sent = 0, received = 0;
+  for (int r = 0; r < nprocs; r++) {
+    sendcounts[r] = out[r] * width;
+    recvcounts[r] = in[r] * width;
+    sdispls[r] = sent;
+    rdispls[r] = received;
+    sent += sendcounts[r];
+    received += recvcounts[r];
+  }
+  const MPI_Datatype type = single ? MPI_FLOAT : MPI_DOUBLE;
+  MPI_Alltoallv(send, sendcounts.data(), sdispls.data(), type, recv, recvcounts.data(),
+                rdispls.data(), type, world);
 }
 
 /* ----------------------------------------------------------------------
@@ -337,7 +414,7 @@ void PairNvalchemi::settings(int narg, char **arg)
   // settings() may run more than once: drop the previous model
   delete session;
   session = nullptr;
-  topology_stamp = -1;
+  topology_ntotal = -1;
 
   // rank within the node, for one GPU per rank under any launcher
   MPI_Comm node;

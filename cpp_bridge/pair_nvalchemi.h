@@ -15,6 +15,8 @@ PairStyle(nvalchemi,PairNvalchemi);
 
 #include "pair.h"
 
+#include <vector>
+
 namespace NvalchemiLammps {
 class PythonSession;
 }
@@ -41,6 +43,11 @@ class PairNvalchemi : public Pair {
   // LAMMPS communication of per-atom rows for the model (see python_bridge.h)
   void forward_exchange(double *rows, int width);
   void reverse_exchange(double *rows, int width);
+  // rows between ranks by the exchange plan (see PythonSession::Step): forward, the
+  // nsend rows go out and nrecv come in; reverse, the other way round
+  void transfer(const void *send, void *recv, int width, bool single, bool reverse);
+  int nsend() const { return static_cast<int>(send_rows.size()); }
+  int nrecv() const { return nreceived; }
 
  protected:
   NvalchemiLammps::PythonSession *session;
@@ -56,13 +63,17 @@ class PairNvalchemi : public Pair {
   // per-step buffers handed to Python without copying
   int maxatom, maxpair;
   bigint *species;
-  bigint *owner;    // owned row of each row, when local_exchange
+  // exchange plan: the row of [owned rows, rows received from other ranks] each row
+  // copies; the owned rows other ranks receive and how many rows go to and come from
+  // each rank
+  bigint *owner;
+  std::vector<bigint> send_rows;
+  std::vector<int> send_counts, recv_counts;
+  int nreceived;
   // from the last neighbor-list build: every listed pair (cutoff plus skin)
   bigint *candidate_i, *candidate_j;
   int ncandidates;
-  bigint topology_stamp;    // neighbor->ncalls at that build
-  int topology_ntotal;
-  int local_exchange;       // every rank's ghosts are images of its own atoms
+  int topology_ntotal;    // rows at that build, -1 before the first
   bigint *pair_i, *pair_j;
   double *rij, *pair_forces, *atom_energies;
   double *atom_forces;        // 3 per owned and ghost atom, from non-pairwise terms
@@ -71,6 +82,7 @@ class PairNvalchemi : public Pair {
   void allocate();
   void grow_buffers(int natoms, int npairs);
   void build_topology();
+  void build_exchange_plan();
   int pairs_in_cutoff();
 };
 

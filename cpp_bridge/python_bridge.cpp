@@ -200,6 +200,57 @@ PyObject *allreduce(PyObject *self, PyObject *args)
   Py_RETURN_NONE;
 }
 
+// C-contiguous float64 or float32 buffer of exactly `count` values; `single` says which
+bool get_values(PyObject *obj, Py_buffer *view, int flags, Py_ssize_t count, bool *single)
+{
+  if (PyObject_GetBuffer(obj, view, flags | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) return false;
+  const std::string format = view->format ? view->format : "";
+  *single = format == "f";
+  if (!*single && format != "d") {
+    PyBuffer_Release(view);
+    PyErr_SetString(PyExc_TypeError, "LAMMPS transfers need a float64 or float32 buffer");
+    return false;
+  }
+  if (view->len != count * view->itemsize) {
+    PyErr_Format(PyExc_ValueError, "LAMMPS transfer got %zd values, wanted %zd",
+                 view->len / view->itemsize, count);
+    PyBuffer_Release(view);
+    return false;
+  }
+  return true;
+}
+
+PyObject *transfer(PyObject *self, PyObject *args)
+{
+  PyObject *send_obj, *recv_obj;
+  int width, reverse;
+  if (!PyArg_ParseTuple(args, "OOip", &send_obj, &recv_obj, &width, &reverse)) return nullptr;
+  Collectives *target = live_target(self);
+  if (!target) return nullptr;
+  if (width < 1) return PyErr_Format(PyExc_ValueError, "transfer width must be >= 1, got %d", width);
+  const Py_ssize_t out = reverse ? target->nrecv() : target->nsend();
+  const Py_ssize_t in = reverse ? target->nsend() : target->nrecv();
+  Py_buffer send, recv;
+  bool send_single = false, recv_single = false;
+  if (!get_values(send_obj, &send, PyBUF_SIMPLE, out * width, &send_single)) return nullptr;
+  if (!get_values(recv_obj, &recv, PyBUF_WRITABLE, in * width, &recv_single)) {
+    PyBuffer_Release(&send);
+    return nullptr;
+  }
+  if (send_single != recv_single) {
+    PyBuffer_Release(&send);
+    PyBuffer_Release(&recv);
+    PyErr_SetString(PyExc_TypeError, "LAMMPS transfer buffers differ in precision");
+    return nullptr;
+  }
+  Py_BEGIN_ALLOW_THREADS;
+  target->transfer(send.buf, recv.buf, width, send_single, reverse != 0);
+  Py_END_ALLOW_THREADS;
+  PyBuffer_Release(&send);
+  PyBuffer_Release(&recv);
+  Py_RETURN_NONE;
+}
+
 PyObject *ntotal(PyObject *self, PyObject *)
 {
   Collectives *target = live_target(self);
@@ -215,6 +266,9 @@ PyMethodDef collectives_methods[] = {
      "reverse_exchange(rows, width): ghost rows are summed into their owners' rows and "
      "zeroed, in place"},
     {"allreduce", allreduce, METH_VARARGS, "allreduce(values): in-place sum over all ranks"},
+    {"transfer", transfer, METH_VARARGS,
+     "transfer(send, recv, width, reverse): rows between ranks by the exchange plan, float64 "
+     "or float32 buffers (forward: nsend rows out, nrecv in; reverse: the other way round)"},
     {"ntotal", ntotal, METH_NOARGS, "number of owned + ghost rows"},
     {nullptr, nullptr, 0, nullptr}};
 
@@ -357,14 +411,24 @@ void PythonSession::compute(const Step &step, Result &result, Collectives *colle
   if (!positions || !pair_i || !pair_j || !rij || !pair_forces || !energies || !atom_forces)
     raise_python_error("");
 
-  // (species, owner or None, npairs), or None: unchanged
+  // (species, plan or None, npairs), or None: unchanged; plan = (owner, send_rows, nrecv,
+  // remote)
   PyRef topology;
   if (step.new_topology) {
     PyRef species(writable_view(step.species, sizeof(int64_t) * n));
-    PyRef owner(step.local_exchange ? writable_view(step.owner, sizeof(int64_t) * n)
-                           : (Py_INCREF(Py_None), Py_None));
-    if (!species || !owner) raise_python_error("");
-    topology.reset(Py_BuildValue("(OOn)", species.get(), owner.get(),
+    PyRef plan;
+    if (step.owner) {
+      PyRef owner(writable_view(step.owner, sizeof(int64_t) * n));
+      PyRef send_rows(writable_view(step.send_rows, sizeof(int64_t) * step.nsend));
+      if (!owner || !send_rows) raise_python_error("");
+      plan.reset(Py_BuildValue("(OOiN)", owner.get(), send_rows.get(), step.nrecv,
+                               PyBool_FromLong(step.remote)));
+    } else {
+      Py_INCREF(Py_None);
+      plan.reset(Py_None);
+    }
+    if (!species || !plan) raise_python_error("");
+    topology.reset(Py_BuildValue("(OOn)", species.get(), plan.get(),
                                  static_cast<Py_ssize_t>(step.npairs)));
   } else {
     Py_INCREF(Py_None);

@@ -32,6 +32,13 @@ class Collectives {
   virtual void reverse_exchange(double *rows, int width) = 0;
   // in-place sum over all ranks
   virtual void allreduce(double *values, int count) = 0;
+  // Rows between ranks by the exchange plan of the last topology (Step::owner): forward,
+  // nsend() rows of `width` values go out (Step::send_rows' order) and nrecv() come in;
+  // reverse, the other way round. float64 values, or float32 when `single`. Collective:
+  // every rank calls it, with the same width.
+  virtual int nsend() const = 0;
+  virtual int nrecv() const = 0;
+  virtual void transfer(const void *send, void *recv, int width, bool single, bool reverse) = 0;
 };
 
 // One model loaded into the embedded interpreter (nvalchemi_lammps.frontends.plugin).
@@ -71,10 +78,13 @@ class PythonSession {
     // The topology, when new_topology (else the model keeps the last one):
     bool new_topology;
     const int64_t *species;    // ntotal
-    // When every rank's ghosts are images of its own atoms, the exchanges stay with the
-    // model, by the owned row of each row (ntotal); else they go through LAMMPS.
-    bool local_exchange;
+    // The exchange plan (strategy exchange, else owner is nullptr): the row of [owned rows,
+    // nrecv rows received from other ranks] that each row (ntotal) copies, and the nsend
+    // owned rows other ranks receive; `remote`: more than one rank, so transfers happen.
     const int64_t *owner;
+    const int64_t *send_rows;
+    int nsend, nrecv;
+    bool remote;
     // Pairs (i, j), npairs of them, given with the topology: with `filtered`, those
     // within the cutoff, rij filled; else the neighbor list's candidates (skin
     // included), which the model keeps, filters and builds rij for each step.

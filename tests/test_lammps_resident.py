@@ -2,10 +2,12 @@
 
 On a GPU the pair style sends the neighbor list's candidate pairs only when LAMMPS rebuilds
 the list and positions every step; the model builds rij, applies the cutoff, and returns
-per-atom forces (per-pair ones when a per-atom virial is wanted); on one rank the ghost
-exchanges stay on the device (a gather from and a sum into owners). The driver forces that
+per-atom forces (per-pair ones when a per-atom virial is wanted); ghost exchanges follow
+the pair style's exchange plan (gathers on the device, only rows of remote atoms between
+ranks). The driver forces that
 path on the CPU by setting the session's ``on_device``, so an MD run with list rebuilds,
-thermo steps and ``compute stress/atom`` can be compared with the host path run for run.
+thermo steps, a second run (its setup sorts atoms and moves them between ranks, often
+without changing their count) and ``compute stress/atom`` can be compared with the host path run for run.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ DRIVER = textwrap.dedent(
         thermo 4
         fix nve all nve
         timestep 0.002
-        run 13
+        run 6
+        atom_modify sort 5 2.0
+        run 7
     ''')
     forces = np.array(lmp.gather_atoms("f", 1, 3), dtype=np.float64).reshape(-1, 3)
     thermo = [lmp.get_thermo(k) for k in ("pe", "press")]
@@ -99,7 +103,7 @@ def test_resident_path_equals_host_path(argon_data, message_passing, tmp_path, n
     for name in ("forces", "thermo", "stress"):
         scale = np.abs(host[name]).max()
         assert np.abs(resident[name] - host[name]).max() <= 1e-10 * scale, name
-    # and the ranks agree with one rank (on one rank the exchanges are a local gather)
+    # and the ranks agree with one rank (where the plan sends nothing)
     if nprocs > 1:
         one = _run(tmp_path, argon_data, message_passing, 1, resident=True)
         for name in ("forces", "thermo", "stress"):

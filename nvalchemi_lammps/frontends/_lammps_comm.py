@@ -6,14 +6,17 @@ backward of a forward exchange is a reverse exchange and vice versa, and the bac
 all-reduce is an all-reduce. Tensors on a GPU or in float32 are staged through a float64
 host copy (one device-to-host and one host-to-device copy per exchange).
 
-When every ghost is an image of an atom this rank owns (always so on one rank), the pair
-style sends each row's owner instead, and the exchanges stay on the model's device: a
-gather from the owners and a sum into them.
+Under the pair style the exchanges follow its exchange plan (:class:`ExchangePlan`, made at
+each neighbor-list build): a ghost of an atom this rank owns gathers from it on the model's
+device, a ghost of a remote atom from one row per distinct remote atom, received from its
+rank. Only those rows cross between ranks, staged through pinned host buffers in the
+model's own precision (the exchanges copy values, so this is exact).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,22 +39,48 @@ def _summed(collectives: Any, x: torch.Tensor) -> torch.Tensor:
     return values.to(device=x.device, dtype=x.dtype).reshape(x.shape)
 
 
+@dataclass
+class ExchangePlan:
+    """Where exchanged rows come from, from the pair style's last neighbor-list build.
+
+    :param nlocal: owned rows
+    :param gather: ``(ntotal,)`` int64, on the model's device: the row of ``[owned rows,
+        received rows]`` each row copies (owned rows themselves)
+    :param send: ``(nsend,)`` int64, on the model's device: the owned rows other ranks
+        receive, in the order the transfer sends them
+    :param nrecv: rows received from other ranks
+    :param remote: more than one rank: the transfer is collective, so every rank calls it
+    """
+
+    nlocal: int
+    gather: torch.Tensor
+    send: torch.Tensor
+    nrecv: int
+    remote: bool
+
+
 class LammpsComm(Comm):
     """Collectives of one ``pair_style nvalchemi`` compute call.
 
     :param collectives: the plugin's ``LammpsCollectives`` object
     :param exchange: ``False`` under the widened-shell strategy, where ghost rows are
         computed locally and the exchanges are the identity (the all-reduce stays real)
-    :param owner: ``(ntotal,)`` int64 owned row of every row, on the model's device, when
-        all ranks' ghosts are images of their own atoms; else ``None`` (through LAMMPS)
+    :param plan: the pair style's exchange plan, or ``None``: every row through LAMMPS's
+        own forward and reverse communication, staged in float64
+    :param buffer: ``buffer(name, shape, dtype)``, a reusable (pinned, for a GPU) host tensor
     """
 
     def __init__(
-        self, collectives: Any, exchange: bool = True, owner: torch.Tensor | None = None
+        self,
+        collectives: Any,
+        exchange: bool = True,
+        plan: ExchangePlan | None = None,
+        buffer: Any = None,
     ) -> None:
         self.collectives = collectives
         self.exchange = exchange
-        self.owner = owner
+        self.plan = plan
+        self.buffer = buffer
 
     def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
         return with_adjoint(src, self._forward, self._reverse) if self.exchange else src
@@ -63,15 +92,54 @@ class LammpsComm(Comm):
         return with_adjoint(x, self._sum, self._sum)
 
     def _forward(self, src: torch.Tensor) -> torch.Tensor:
-        if self.owner is not None:
-            return src.index_select(0, self.owner.to(src.device))
-        return _exchanged(self.collectives.forward_exchange, src)
+        plan = self.plan
+        if plan is None:
+            return _exchanged(self.collectives.forward_exchange, src)
+        rows = src[: plan.nlocal]
+        if plan.remote:
+            sent = src.index_select(0, plan.send.to(src.device))
+            rows = torch.cat((rows, self._transfer(sent, plan.nrecv, reverse=False)))
+        return rows.index_select(0, plan.gather.to(src.device))
 
     def _reverse(self, src: torch.Tensor) -> torch.Tensor:
-        if self.owner is not None:
-            # owned rows map to themselves, so ghost rows end up zero
-            return torch.zeros_like(src).index_add_(0, self.owner.to(src.device), src)
-        return _exchanged(self.collectives.reverse_exchange, src)
+        plan = self.plan
+        if plan is None:
+            return _exchanged(self.collectives.reverse_exchange, src)
+        if not plan.remote:  # every row's source is owned here; ghost rows end up zero
+            return torch.zeros_like(src).index_add_(0, plan.gather.to(src.device), src)
+        rest = src.shape[1:]
+        summed = src.new_zeros((plan.nlocal + plan.nrecv, *rest))
+        summed.index_add_(0, plan.gather.to(src.device), src)
+        send = plan.send.to(src.device)
+        owned = summed[: plan.nlocal].index_add(
+            0, send, self._transfer(summed[plan.nlocal :], send.shape[0], reverse=True)
+        )
+        return torch.cat((owned, src.new_zeros((src.shape[0] - plan.nlocal, *rest))))
+
+    def _transfer(self, rows: torch.Tensor, count: int, reverse: bool) -> torch.Tensor:
+        """``rows`` to the ranks the plan names; ``count`` rows come back from them."""
+        rest = rows.shape[1:]
+        width = math.prod(rest)
+        if width == 0:
+            return rows.new_zeros((count, *rest))
+        # the model's precision on the wire, when MPI has it: the rows are only copied
+        wire = rows.dtype if rows.dtype in (torch.float32, torch.float64) else torch.float64
+        flat = rows.detach().reshape(rows.shape[0], width).to(wire)
+        if self.buffer is None:
+            send = flat.to("cpu").contiguous()
+            recv = torch.empty((count, width), dtype=wire)
+        else:
+            send = self.buffer("send", flat.shape, wire)
+            send.copy_(flat)
+            recv = self.buffer("recv", (count, width), wire)
+            if rows.device.type == "cuda":
+                # the last transfer's copy out of recv has finished before MPI overwrites it
+                torch.cuda.current_stream(rows.device).synchronize()
+        self.collectives.transfer(
+            memoryview(send.numpy()), memoryview(recv.numpy()), width, reverse
+        )
+        out = recv.to(rows.device, non_blocking=True) if rows.is_cuda else recv.clone()
+        return out.to(rows.dtype).reshape(count, *rest)
 
     def _sum(self, x: torch.Tensor) -> torch.Tensor:
         return _summed(self.collectives, x)

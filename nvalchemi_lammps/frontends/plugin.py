@@ -9,13 +9,14 @@ neighbor-list builds is copied to the model's device).
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
 from .._elements import map_elements
 from .._model_file import load_model
 from ..engine import evaluate
-from ._lammps_comm import LammpsComm
+from ._lammps_comm import ExchangePlan, LammpsComm
 
 
 def _tensor(buffer: memoryview, dtype: torch.dtype, *shape: int) -> torch.Tensor:
@@ -49,8 +50,10 @@ class PluginSession:
         self.on_device = self.device.type != "cpu"
         self._stage = _Staging(self.device)
         self._species: torch.Tensor | None = None
-        self._owner: torch.Tensor | None = None
+        self._plan: ExchangePlan | None = None
         self._pair_i = self._pair_j = torch.empty(0, dtype=torch.int64)
+        # seconds per phase of compute, CUDA-synchronized, when a benchmark sets a dict
+        self.timings: dict[str, float] | None = None
         # LAMMPS's own thread count per rank (OMP_NUM_THREADS / -pk omp); torch's default
         # of one thread per core oversubscribes the cores shared by several ranks.
         torch.set_num_threads(max(1, num_threads))
@@ -105,39 +108,47 @@ class PluginSession:
     ) -> tuple[float, int, bool]:
         """One step on one rank (see ``PythonSession::Step`` in python_bridge.h).
 
-        ``topology`` = ``(species, owner or None, npairs)`` when LAMMPS rebuilt its list (on
-        the host: every step), else ``None``; ``pairs`` = ``(pair_i, pair_j, rij,
+        ``topology`` = ``(species, plan or None, npairs)`` when LAMMPS rebuilt its list (on
+        the host: every step), else ``None``, with the exchange plan ``(owner, send_rows,
+        nrecv, remote)`` (see :class:`ExchangePlan`); ``pairs`` = ``(pair_i, pair_j, rij,
         pair_forces)`` slots; ``system`` = ``(charges or None, cell, (px, py, pz))`` only
         for a model that ``needs_positions``. Returns the energy, how many pairs were
         written back into the slots and whether ``atom_forces_out`` was written.
         """
         ntotal = positions.nbytes // 24
         pair_i_out, pair_j_out, rij_out, pair_forces_out = pairs
+        phase = _Phases(self.device, self.timings)
         if topology is not None:
-            species, owner, npairs = topology
+            species, plan, npairs = topology
             self._species = self._stage.upload(_tensor(species, torch.int64, ntotal))
-            self._owner = None
-            if owner is not None:
-                self._owner = self._stage.upload(_tensor(owner, torch.int64, ntotal))
+            self._plan = None
+            if plan is not None:
+                owner, send_rows, nrecv, remote = plan
+                self._plan = ExchangePlan(
+                    nlocal,
+                    self._stage.upload(_tensor(owner, torch.int64, ntotal)),
+                    self._stage.upload(_tensor(send_rows, torch.int64, send_rows.nbytes // 8)),
+                    nrecv,
+                    remote,
+                )
             if filtered:  # this step's pairs, not kept
                 self._pair_i = _tensor(pair_i_out, torch.int64, npairs)
                 self._pair_j = _tensor(pair_j_out, torch.int64, npairs)
-            else:  # candidates until the next build
-                self._pair_i = self._stage.upload(_tensor(pair_i_out, torch.int64, npairs))
-                self._pair_j = self._stage.upload(_tensor(pair_j_out, torch.int64, npairs))
+            else:  # candidates until the next build, int32 when rows fit: half the memory
+                index = torch.int32 if ntotal < 2**31 else torch.int64
+                self._pair_i = self._stage.upload(_tensor(pair_i_out, torch.int64, npairs), index)
+                self._pair_j = self._stage.upload(_tensor(pair_j_out, torch.int64, npairs), index)
         if self._species is None or self._species.shape[0] != ntotal:
             raise RuntimeError("the pair style sent positions without a topology")
+        phase("topology")
         x = self._stage.upload(_tensor(positions, torch.float64, ntotal, 3), "positions")
+        phase("positions")
         pair_i, pair_j = self._pair_i, self._pair_j
         if filtered:
             rij = _tensor(rij_out, torch.float64, pair_i.shape[0], 3)
         else:
-            # x_j - x_i as LAMMPS computes it on the host, and its cutoff test (the
-            # candidates include the skin), in the same order of operations
-            rij = x.index_select(0, pair_j) - x.index_select(0, pair_i)
-            dx, dy, dz = rij.unbind(1)
-            keep = (dx * dx + dy * dy + dz * dz < self.cutoff * self.cutoff).nonzero()[:, 0]
-            pair_i, pair_j, rij = pair_i[keep], pair_j[keep], rij[keep]
+            pair_i, pair_j, rij = _within_cutoff(x, pair_i, pair_j, self.cutoff)
+        phase("filter")
         inputs = {}
         if system is not None:
             charges, cell, pbc = system
@@ -156,10 +167,11 @@ class PluginSession:
             pair_i,
             pair_j,
             rij,
-            LammpsComm(collectives, exchange=self.uses_exchange, owner=self._owner),
+            LammpsComm(collectives, self.uses_exchange, plan=self._plan, buffer=self._stage.buffer),
             total_charge=self.total_charge,
             **inputs,
         )
+        phase("model")
         self._stage.download(
             result.atom_energies, _tensor(atom_energies_out, torch.float64, nlocal)
         )
@@ -185,7 +197,42 @@ class PluginSession:
                 atom_forces += result.atom_forces
             npairs = 0
         self._stage.download(atom_forces, _tensor(atom_forces_out, torch.float64, ntotal, 3))
+        phase("forces")
         return result.energy, npairs, True
+
+
+def _within_cutoff(
+    x: torch.Tensor, pair_i: torch.Tensor, pair_j: torch.Tensor, cutoff: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The candidate pairs within ``cutoff`` (int64) and their ``rij = x_j - x_i``, as
+    LAMMPS computes them on the host and in its order of operations, so bit-identical.
+    A function of its own: the candidates' temporaries are freed before the model runs."""
+    rij = x.index_select(0, pair_j) - x.index_select(0, pair_i)
+    dx, dy, dz = rij.unbind(1)
+    keep = (dx * dx + dy * dy + dz * dz < cutoff * cutoff).nonzero()[:, 0]
+    return pair_i[keep].long(), pair_j[keep].long(), rij[keep]
+
+
+class _Phases:
+    """Adds the time since the last mark to ``timings[name]`` at each mark, after a CUDA
+    synchronization; does nothing without ``timings``."""
+
+    def __init__(self, device: torch.device, timings: dict[str, float] | None) -> None:
+        self.timings = timings
+        self.cuda = device.type == "cuda"
+        self.last = self._now() if timings is not None else 0.0
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        if self.timings is None:
+            return
+        now = self._now()
+        self.timings[name] = self.timings.get(name, 0.0) + now - self.last
+        self.last = now
 
 
 class _Staging:
@@ -197,21 +244,27 @@ class _Staging:
         self.pinned = device.type == "cuda"
         self.buffers: dict[str, torch.Tensor] = {}
 
-    def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
-        count = like.numel()
+    def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A host tensor of ``shape`` reused under ``name`` (pinned for a GPU)."""
+        count = math.prod(shape)
         buffer = self.buffers.get(name)
-        if buffer is None or buffer.dtype != like.dtype or buffer.numel() < count:
+        if buffer is None or buffer.dtype != dtype or buffer.numel() < count:
             capacity = count + count // 4 + 1024  # headroom: lists grow a little
-            buffer = torch.empty(capacity, dtype=like.dtype, pin_memory=True)
+            buffer = torch.empty(capacity, dtype=dtype, pin_memory=self.pinned)
             self.buffers[name] = buffer
-        return buffer[:count].view(like.shape)
+        return buffer[:count].view(shape)
 
-    def upload(self, host: torch.Tensor, name: str | None = None) -> torch.Tensor:
-        """``host`` on the device: a copy, or with a name, through that name's pinned
-        buffer, reused each step (the copy out of it has finished before the step ends:
-        the energy synchronizes), and on the CPU ``host`` itself."""
-        if name is None:  # kept past the call: never a view of LAMMPS's memory
-            return host.to(self.device, copy=True)
+    def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        return self.buffer(name, tuple(like.shape), like.dtype)
+
+    def upload(self, host: torch.Tensor, name: str | torch.dtype | None = None) -> torch.Tensor:
+        """``host`` on the device: a copy (in another dtype when ``name`` is one), or
+        with a name, through that name's pinned buffer, reused each step (the copy out of
+        it has finished before the step ends: the energy synchronizes), and on the CPU
+        ``host`` itself."""
+        if name is None or isinstance(name, torch.dtype):
+            # kept past the call: never a view of LAMMPS's memory
+            return host.to(self.device, dtype=name or host.dtype, copy=True)
         if not self.pinned:
             return host.to(self.device)
         staged = self._buffer(name, host)
