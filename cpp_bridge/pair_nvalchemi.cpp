@@ -390,6 +390,8 @@ void PairNvalchemi::settings(int narg, char **arg)
   std::string strategy = "auto";
   std::string device = "cpu";
   double total_charge = 0.0;
+  int spin = -1;    // not given: the model's default
+  std::string task; // likewise
   int iarg = 1;
   while (iarg < narg) {
     if (strcmp(arg[iarg], "device") == 0) {
@@ -406,6 +408,15 @@ void PairNvalchemi::settings(int narg, char **arg)
     } else if (strcmp(arg[iarg], "charge") == 0) {
       if (iarg + 2 > narg) utils::missing_cmd_args(FLERR, "pair_style nvalchemi charge", error);
       total_charge = utils::numeric(FLERR, arg[iarg + 1], false, lmp);
+      iarg += 2;
+    } else if (strcmp(arg[iarg], "spin") == 0) {
+      if (iarg + 2 > narg) utils::missing_cmd_args(FLERR, "pair_style nvalchemi spin", error);
+      spin = utils::inumeric(FLERR, arg[iarg + 1], false, lmp);
+      if (spin < 0) error->all(FLERR, "pair_style nvalchemi spin must be >= 0; got {}", spin);
+      iarg += 2;
+    } else if (strcmp(arg[iarg], "task") == 0) {
+      if (iarg + 2 > narg) utils::missing_cmd_args(FLERR, "pair_style nvalchemi task", error);
+      task = arg[iarg + 1];
       iarg += 2;
     } else
       error->all(FLERR, "Unknown pair_style nvalchemi keyword: {}", arg[iarg]);
@@ -444,7 +455,7 @@ void PairNvalchemi::settings(int narg, char **arg)
   // the model may refuse a strategy: deterministic, so the same on every rank
   try {
     session->set_strategy(strategy);
-    session->set_total_charge(total_charge);
+    session->set_system_state(total_charge, spin, task);
   } catch (std::exception &err) {
     error->all(FLERR, "pair_style nvalchemi: {}", err.what());
   }

@@ -353,11 +353,11 @@ void PythonSession::set_strategy(const std::string &strategy)
 
 /* ---------------------------------------------------------------------- */
 
-void PythonSession::set_total_charge(double charge)
+void PythonSession::set_system_state(double charge, int spin, const std::string &task)
 {
   GilLock gil;
-  PyRef done(
-      PyObject_CallMethod(static_cast<PyObject *>(session_), "set_total_charge", "d", charge));
+  PyRef done(PyObject_CallMethod(static_cast<PyObject *>(session_), "set_system_state", "dis",
+                                 charge, spin, task.c_str()));
   if (!done) raise_python_error("");
 }
 

@@ -64,8 +64,9 @@ class PythonSession {
 
   // choose how ghosts reach past one cutoff: "exchange" or "shell"
   void set_strategy(const std::string &strategy);
-  // net charge of the whole system, for models that predict charges
-  void set_total_charge(double charge);
+  // net charge, spin multiplicity (< 0: not given) and task ("": not given) of the whole
+  // system, for models that take them
+  void set_system_state(double charge, int spin, const std::string &task);
 
   // the model's tensors live on a GPU: the pair style then keeps pairs there between
   // neighbor-list builds and lets the model build rij and filter the cutoff itself

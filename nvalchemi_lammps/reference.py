@@ -168,6 +168,8 @@ def evaluate_reference(
     species: np.ndarray,
     charges: np.ndarray | None = None,
     total_charge: float = 0.0,
+    spin: int | None = None,
+    task: str | None = None,
 ) -> ReferenceResult:
     """Evaluate ``potential`` on the whole periodic system in one process.
 
@@ -182,6 +184,7 @@ def evaluate_reference(
     :param species: ``(N,)`` model element index of every atom, -1 for none
     :param charges: ``(N,)`` per-atom charges, for potentials that read them
     :param total_charge: net charge of the system, for potentials that predict charges
+    :param spin: spin multiplicity, :param task: task name, for models that take them
 
     A potential whose spec ``needs_positions`` also gets positions, cell, periodicity and
     charges; its forces on atoms add to the forces, and its virial (``sum x f`` of those
@@ -222,6 +225,8 @@ def evaluate_reference(
         torch.from_numpy(pairs.pair_j),
         torch.from_numpy(pairs.rij),
         total_charge=total_charge,
+        spin=spin,
+        task=task,
         **system,
     )
     fij = result.pair_forces.detach().cpu().numpy().astype(np.float64, copy=False)

@@ -74,6 +74,11 @@ BAD_INPUTS = [
         style_args="charge minus-one",
     ),
     BadInput("charge_missing", ("pair_style nvalchemi charge",), style_args="charge"),
+    BadInput("task_for_lj", ("the lennard_jones model takes no task",), style_args="task omol"),
+    BadInput("spin_for_lj", ("the lennard_jones model takes no spin",), style_args="spin 2"),
+    BadInput(
+        "negative_spin", ("pair_style nvalchemi spin must be >= 0; got -1",), style_args="spin -1"
+    ),
     BadInput("newton_off", ("requires newton pair on",), before_box="newton off"),
     BadInput(
         "wrong_number_of_elements",

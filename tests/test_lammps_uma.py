@@ -5,7 +5,8 @@ fairchem's own forward.
 One LAMMPS run per rank count reads one data file (atom IDs 1..N) and evaluates, under
 ``strategy exchange``: the float64 model neutral (task omat), the float64 model with
 ``charge -1`` (task omol, spin multiplicity 2, charge and spin channel balancing: an
-all-reduce per block), and the float32 model of the first with ``charge -1``. The system is
+all-reduce per block), the same with ``charge 1 spin 3 task omat`` from the pair style,
+and the float32 model of the first with ``charge -1``. The system is
 16 atoms of H, C, O and Cu in a box whose upper half along z is vacuum: on 2 ranks (split
 along x) both own atoms; on 4 (split along x and z) two own nothing.
 
@@ -42,11 +43,13 @@ from nvalchemi_lammps.reference import NKTV2P, evaluate_reference
 pytestmark = [pytest.mark.lammps, pytest.mark.uma]
 
 MASSES = [1.008, 12.011, 15.999, 63.546]
-#: (name, model, net charge) of each evaluation in one run.
+#: (name, model, net charge, spin and task from the pair style) of each evaluation in one run.
 CASES = [
-    ("f64_neutral", "float64", 0.0),
-    ("f64_balanced_anion", "balanced", -1.0),
-    ("f32_anion", "float32", -1.0),
+    ("f64_neutral", "float64", 0.0, {}),
+    ("f64_balanced_anion", "balanced", -1.0, {}),
+    # the input script's spin and task instead of the model's own (omol, 2)
+    ("f64_balanced_cation", "balanced", 1.0, {"spin": 3, "task": "omat"}),
+    ("f32_anion", "float32", -1.0, {}),
 ]
 PROCESSORS = {1: "", 2: "processors 2 1 1", 4: "processors 2 1 2"}
 #: float32 LAMMPS run vs the float32 reference: the same float32 operations summed in another
@@ -86,12 +89,13 @@ def comparison_script(data: Path, paths: dict[str, Path], nprocs: int) -> str:
         )
     ]
     columns = [*PER_ATOM["force"], *PER_ATOM["energy_per_atom"], *PER_ATOM["stress_per_atom"]]
-    for name, model, charge in CASES:
+    for name, model, charge, options in CASES:
+        keywords = "".join(f" {k} {v}" for k, v in options.items())
         values = " ".join(f"{p} $({p}:%.17g)" for p in ("pe", *PRESSURE))
         lines.append(
             textwrap.dedent(
                 f"""
-                pair_style nvalchemi {paths[model]} strategy exchange charge {charge:g}
+                pair_style nvalchemi {paths[model]} strategy exchange charge {charge:g}{keywords}
                 pair_coeff * * {" ".join(ELEMENTS)}
                 dump d all custom 1 {name}.dump id {" ".join(columns)}
                 dump_modify d sort id format float "%.17g"
@@ -117,7 +121,7 @@ def runs(models, tmp_path_factory):
         run = run_lammps(comparison_script(data, paths, nprocs), nprocs, workdir, timeout=600)
         run.check()
         cases = {}
-        for name, _, _ in CASES:
+        for name, *_ in CASES:
             atoms = read_dump(workdir / f"{name}.dump")
             np.testing.assert_array_equal(atoms["id"], np.arange(1, SYSTEM.natoms + 1))
             cases[name] = (atoms, read_results(run.output, name.upper()))
@@ -135,7 +139,7 @@ def test_uma_equals_reference(models, runs, nprocs):
         assert all(fewest > 0 for fewest, _ in owned), owned
     if nprocs == 4:
         assert all(fewest == 0 for fewest, _ in owned), owned
-    for name, model, charge in CASES:
+    for name, model, charge, options in CASES:
         ref = evaluate_reference(
             potentials[model],
             SYSTEM.positions,
@@ -143,6 +147,7 @@ def test_uma_equals_reference(models, runs, nprocs):
             SYSTEM.pbc,
             SYSTEM.species,
             total_charge=charge,
+            **options,
         )
         atoms, results = cases[name]
         label = f"uma/{name}/np{nprocs}"

@@ -351,3 +351,24 @@ def test_fairchem_missing_at_export(monkeypatch):
     monkeypatch.setitem(sys.modules, "fairchem.core.models.uma", None)
     with pytest.raises(ValueError, match=re.escape("the uma potential needs fairchem-core: pip")):
         Uma.from_export_config({"seed": 0, "elements": ["H"], "task": "omat", "backbone": BACKBONE})
+
+
+def test_spin_and_task_from_the_input_script(potential):
+    """``pair_style ... spin S task NAME`` (``graph.spin``, ``graph.task``) stand in for the
+    model's own; a task or spin the model cannot take is refused before any step."""
+    given = _reference_with(potential, spin=2, task="omol")
+    other = Uma.from_config({**potential.config(), "spin": 2, "task": "omol"})
+    other.load_state_dict(potential.state_dict())
+    exported = _reference(other, SYSTEM)
+    assert given.energy == exported.energy
+    np.testing.assert_array_equal(given.forces, exported.forces)
+    with pytest.raises(ValueError, match=re.escape("unknown UMA task 'nope'")):
+        potential.check_system_state(spin=None, task="nope")
+    with pytest.raises(ValueError, match="spin multiplicity must be an integer from 0 to 100"):
+        potential.check_system_state(spin=101, task=None)
+
+
+def _reference_with(potential, **state):
+    return evaluate_reference(
+        potential, SYSTEM.positions, SYSTEM.cell, SYSTEM.pbc, SYSTEM.species, **state
+    )

@@ -31,6 +31,10 @@ class LocalGraph:
         if it has them, likewise
     :param total_charge: net charge of the whole system in e (``pair_style nvalchemi ...
         charge Q``), for potentials that predict charges under that constraint
+    :param spin: spin multiplicity of the whole system (``... spin S``), or ``None`` for the
+        model's own default
+    :param task: the task (dataset) a multi-task model is to be evaluated for (``... task
+        NAME``), or ``None`` for the model's own default
     """
 
     nlocal: int
@@ -44,6 +48,8 @@ class LocalGraph:
     pbc: tuple[bool, bool, bool] | None = None
     charges: torch.Tensor | None = None
     total_charge: float = 0.0
+    spin: int | None = None
+    task: str | None = None
 
     @property
     def ntotal(self) -> int:

@@ -54,6 +54,8 @@ def evaluate(
     pbc: tuple[bool, bool, bool] | None = None,
     charges: torch.Tensor | None = None,
     total_charge: float = 0.0,
+    spin: int | None = None,
+    task: str | None = None,
 ) -> Evaluation:
     """Run ``potential`` on one rank's graph and differentiate its owned energy.
 
@@ -64,8 +66,8 @@ def evaluate(
 
     A potential whose spec ``needs_positions`` also gets ``positions`` (float64, owned and
     ghost rows), ``cell``, ``pbc`` and ``charges`` (if any); it is differentiated with
-    respect to positions and cell too. ``total_charge`` is the whole system's net charge,
-    the same on every rank.
+    respect to positions and cell too. ``total_charge``, ``spin`` and ``task`` describe the
+    whole system (the same on every rank).
     """
     if rij.dtype != torch.float64:
         raise TypeError(f"pair vectors must be float64, got {rij.dtype}")
@@ -104,6 +106,8 @@ def evaluate(
         rij=leaf.to(dtype),
         comm=comm or NoOpComm(),
         total_charge=float(total_charge),
+        spin=spin,
+        task=task,
         **system,
     )
     energies = potential(graph)

@@ -45,6 +45,8 @@ class PluginSession:
         self.uses_exchange = False
         self.set_strategy("auto")
         self.total_charge = 0.0
+        self.spin: int | None = None
+        self.task: str | None = None
         # the model's tensors on a GPU: the pair style then keeps pairs there between
         # neighbor-list builds and sends positions only
         self.on_device = self.device.type != "cpu"
@@ -84,10 +86,21 @@ class PluginSession:
             )
         self.uses_exchange = self.strategy == "exchange"
 
-    def set_total_charge(self, charge: float) -> None:
-        """Net charge of the whole system (``pair_style ... charge Q``), handed to the model
-        every step; models that do not predict charges ignore it."""
-        self.total_charge = float(charge)
+    def set_system_state(self, charge: float, spin: int, task: str) -> None:
+        """The whole system's net charge, spin multiplicity and task (``pair_style ...
+        charge Q spin S task NAME``; spin < 0 and an empty task: not given), handed to the
+        model every step. Models that predict no charges ignore the charge; a spin or task
+        the model cannot take is refused here, before the run."""
+        spin_given = None if spin < 0 else int(spin)
+        task_given = task or None
+        check = getattr(self.potential, "check_system_state", None)
+        if check is not None:
+            check(spin=spin_given, task=task_given)
+        else:
+            for keyword, value in (("spin", spin_given), ("task", task_given)):
+                if value is not None:
+                    raise ValueError(f"the {self.potential.name} model takes no {keyword}")
+        self.total_charge, self.spin, self.task = float(charge), spin_given, task_given
 
     def map_types(self, names: list[str]) -> list[int]:
         return map_elements(names, self.potential.spec.elements)
@@ -169,6 +182,8 @@ class PluginSession:
             rij,
             LammpsComm(collectives, self.uses_exchange, plan=self._plan, buffer=self._stage.buffer),
             total_charge=self.total_charge,
+            spin=self.spin,
+            task=self.task,
             **inputs,
         )
         phase("model")

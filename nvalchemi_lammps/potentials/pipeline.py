@@ -85,6 +85,16 @@ class Pipeline(Potential):
         axes = [getattr(t, "periodicity", (True, True, True)) for t in self.terms]
         return tuple(all(a[d] for a in axes) for d in range(3))
 
+    def check_system_state(self, spin: int | None, task: str | None) -> None:
+        """A spin or task from the input script goes to the terms that take them; refused if
+        none does."""
+        takers = [t for t in self.terms if hasattr(t, "check_system_state")]
+        for keyword, value in (("spin", spin), ("task", task)):
+            if value is not None and not takers:
+                raise ValueError(f"no term of this pipeline takes a {keyword}")
+        for term in takers:
+            term.check_system_state(spin=spin, task=task)
+
     def config(self) -> dict[str, Any]:
         return {
             "terms": [

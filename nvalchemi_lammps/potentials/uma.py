@@ -146,6 +146,11 @@ def build_backbone(backbone: dict[str, Any]) -> tuple[torch.nn.Module, torch.nn.
     return network, head
 
 
+def _check_spin(spin: int) -> None:
+    if int(spin) != spin or not 0 <= spin <= MAX_SPIN:
+        raise ValueError(f"spin multiplicity must be an integer from 0 to {MAX_SPIN}, got {spin}")
+
+
 def _check_total_charge(charge: float) -> int:
     if not (math.isfinite(charge) and abs(charge) <= MAX_CHARGE):
         raise ValueError(f"total charge must be finite and at most {MAX_CHARGE} e, got {charge}")
@@ -191,10 +196,7 @@ class Uma(Potential):
         super().__init__()
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}; got '{dtype}'")
-        if int(spin) != spin or not 0 <= spin <= MAX_SPIN:
-            raise ValueError(
-                f"spin multiplicity must be an integer from 0 to {MAX_SPIN}, got {spin}"
-            )
+        _check_spin(spin)
         elements = list(elements)
         network, head = build_backbone(backbone)
         numbers = [_atomic_number(e) for e in elements]
@@ -204,12 +206,8 @@ class Uma(Potential):
                 f"element(s) {', '.join(unknown)} not in this UMA model, which embeds "
                 f"atomic numbers 1..{network.max_num_elements - 1}"
             )
-        if network.use_dataset_embedding and task not in network.dataset_mapping:
-            raise ValueError(
-                f"unknown UMA task '{task}' (this model's tasks: "
-                f"{', '.join(sorted(network.dataset_mapping))})"
-            )
         self.backbone = network.to(_DTYPES[dtype]).eval()
+        self._check_task(task)
         self.energy_block = head.energy_block.to(_DTYPES[dtype]).eval()
         for parameter in self.parameters():
             parameter.requires_grad_(False)
@@ -235,6 +233,22 @@ class Uma(Potential):
 
     def config(self) -> dict[str, Any]:
         return copy.deepcopy(self._config)
+
+    def check_system_state(self, spin: int | None, task: str | None) -> None:
+        """Refuse a spin or task given in the input script (``pair_style ... spin S task
+        NAME``) that this model cannot take; ``None``: the model's own."""
+        if spin is not None:
+            _check_spin(spin)
+        if task is not None:
+            self._check_task(task)
+
+    def _check_task(self, task: str) -> None:
+        network = self.backbone
+        if network.use_dataset_embedding and task not in network.dataset_mapping:
+            raise ValueError(
+                f"unknown UMA task '{task}' (this model's tasks: "
+                f"{', '.join(sorted(network.dataset_mapping))})"
+            )
 
     @classmethod
     def random_weights(
@@ -293,8 +307,10 @@ class Uma(Potential):
 
         # fairchem's data: one system; charge and spin as the long integers it reads
         charge = torch.tensor([_check_total_charge(graph.total_charge)], device=device)
-        spin = torch.tensor([self.spin], device=device)
-        system = backbone.csd_embedding(charge, spin, [self.task])
+        # the input script's spin and task, else the model's own
+        spin = torch.tensor([self.spin if graph.spin is None else graph.spin], device=device)
+        task = self.task if graph.task is None else graph.task
+        system = backbone.csd_embedding(charge, spin, [task])
         sys_node_embedding = system.expand(n, -1)
 
         # the graph: edges pair_j (source) -> pair_i (target), vector x[j] - x[i]. fairchem's
