@@ -63,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     # and backward, and the collectives inside them (ghost exchanges, sums over ranks)
     plugin.PluginSession.compute = timers.wrap("plugin", plugin.PluginSession.compute, True)
     plugin.evaluate = timers.wrap("model", plugin.evaluate, True)
-    _lammps_comm._exchanged = timers.wrap("collectives", _lammps_comm._exchanged)
-    _lammps_comm._summed = timers.wrap("collectives", _lammps_comm._summed)
+    comm = _lammps_comm.LammpsComm  # both directions: each is the other's adjoint
+    for method in ("_forward", "_reverse", "_sum"):
+        setattr(comm, method, timers.wrap("collectives", getattr(comm, method)))
 
     lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
     lmp.commands_string(run["setup"])
