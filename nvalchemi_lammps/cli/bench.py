@@ -291,6 +291,9 @@ def run(args: argparse.Namespace) -> int:
     per_cell = len(build_lattice(probe, 1, 0)[0])
     rows: list[Row] = []
     failed = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = args.out / f"bench_{config.name}.json"
+    settings = {k: v for k, v in asdict(config).items() if k != "folder"}
     with tempfile.TemporaryDirectory(prefix="nvalchemi-bench-") as tmp:
         tmp = Path(tmp)
         potential = build_model(config, tmp / "model.pt")
@@ -323,15 +326,14 @@ def run(args: argparse.Namespace) -> int:
                 if not np.isfinite(row.force_difference) or row.force_difference > tolerance:
                     failed.append(row)
                 rows.append(row)
+                # after every row, so that a run cut short keeps what it measured
+                result.write_text(
+                    json.dumps({"config": settings, "rows": [asdict(r) for r in rows]}, indent=2)
+                    + "\n"
+                )
         _progress(total, total, "done")
     for line in format_rows(rows):
         print(line)
-    args.out.mkdir(parents=True, exist_ok=True)
-    result = args.out / f"bench_{config.name}.json"
-    settings = {k: v for k, v in asdict(config).items() if k != "folder"}
-    result.write_text(
-        json.dumps({"config": settings, "rows": [asdict(r) for r in rows]}, indent=2) + "\n"
-    )
     print(f"wrote {result}")
     if not args.no_plot:
         picture = args.out / f"bench_{config.name}.png"
