@@ -126,25 +126,60 @@ def per_atom(atoms: dict[str, np.ndarray], columns: list[str]) -> np.ndarray:
     return np.stack([atoms[c] for c in columns], axis=1)
 
 
-def assert_matches_reference(label: str, atoms: dict, results: dict, ref, cell) -> None:
-    """A ``run 0`` through the plugin without velocities (dump with ``c_pe`` and
-    ``c_stress[1..6]``, printed ``pe`` and pressure components, metal units) against a
-    single-process reference on the box ``cell``."""
+def assert_matches_reference(
+    label: str,
+    atoms: dict,
+    results: dict,
+    ref,
+    cell,
+    tol: float = TOLERANCE,
+    stress: bool = True,
+) -> None:
+    """A ``run 0`` through the plugin without velocities (dump with ``c_pe`` and, with
+    ``stress``, ``c_stress[1..6]``; printed ``pe`` and pressure components; metal units)
+    against a single-process reference on the box ``cell``.
+
+    :param stress: compare per-atom stress too (not for terms that are not pairwise: the
+        reference's per-atom virial holds the pairwise part only)
+    """
     from nvalchemi_lammps.reference import NKTV2P
 
     tensor = ref.pressure(abs(float(np.linalg.det(cell))), units="metal")
     pressure = tensor[[0, 1, 2, 0, 0, 1], [0, 1, 2, 1, 2, 2]]
-    # compute stress/atom reports -nktv2p x the per-atom virial
-    stress = -NKTV2P["metal"] * ref.atom_virials
+    pairs = {
+        "energy": (np.array([results["pe"]]), np.array([ref.energy])),
+        "energy_per_atom": (atoms["c_pe"], ref.atom_energies),
+        "force": (per_atom(atoms, PER_ATOM["force"]), ref.forces),
+        "pressure": (np.array([results[p] for p in PRESSURE]), pressure),
+    }
+    if stress:
+        # compute stress/atom reports -nktv2p x the per-atom virial
+        pairs["stress_per_atom"] = (
+            per_atom(atoms, PER_ATOM["stress_per_atom"]),
+            -NKTV2P["metal"] * ref.atom_virials,
+        )
+    assert_all_close(label, pairs, tol=tol)
+
+
+def assert_runs_agree(label: str, run: tuple, other: tuple, tol: float) -> None:
+    """Two ``run 0``s, each ``(dump, printed results)``: energy, per-atom energy, forces
+    and pressure within ``tol``."""
+    (atoms, results), (other_atoms, other_results) = run, other
     assert_all_close(
         label,
         {
-            "energy": (np.array([results["pe"]]), np.array([ref.energy])),
-            "energy_per_atom": (atoms["c_pe"], ref.atom_energies),
-            "force": (per_atom(atoms, PER_ATOM["force"]), ref.forces),
-            "pressure": (np.array([results[p] for p in PRESSURE]), pressure),
-            "stress_per_atom": (per_atom(atoms, PER_ATOM["stress_per_atom"]), stress),
+            "energy": (np.array([results["pe"]]), np.array([other_results["pe"]])),
+            "energy_per_atom": (atoms["c_pe"], other_atoms["c_pe"]),
+            "force": (
+                per_atom(atoms, PER_ATOM["force"]),
+                per_atom(other_atoms, PER_ATOM["force"]),
+            ),
+            "pressure": (
+                np.array([results[p] for p in PRESSURE]),
+                np.array([other_results[p] for p in PRESSURE]),
+            ),
         },
+        tol=tol,
     )
 
 

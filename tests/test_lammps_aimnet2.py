@@ -31,10 +31,10 @@ from lammps_helpers import (
     NPROCS,
     PER_ATOM,
     PRESSURE,
-    assert_all_close,
+    TOLERANCE,
     assert_matches_reference,
+    assert_runs_agree,
     atoms_per_rank,
-    per_atom,
 )
 
 from nvalchemi_lammps import save_model
@@ -161,47 +161,15 @@ def test_aimnet2_equals_reference(models, runs, nprocs):
         )
         atoms, results = cases[name]
         label = f"aimnet2/{name}/np{nprocs}"
-        if dtype == "float64":
-            assert_matches_reference(label, atoms, results, ref, SYSTEM.cell)
-        else:
-            _assert_float32_matches(label, atoms, results, ref)
-
-
-def _assert_float32_matches(label, atoms, results, ref):
-    from nvalchemi_lammps.reference import NKTV2P
-
-    tensor = ref.pressure(abs(float(np.linalg.det(SYSTEM.cell))), units="metal")
-    pressure = tensor[[0, 1, 2, 0, 0, 1], [0, 1, 2, 1, 2, 2]]
-    assert_all_close(
-        label,
-        {
-            "energy": (np.array([results["pe"]]), np.array([ref.energy])),
-            "energy_per_atom": (atoms["c_pe"], ref.atom_energies),
-            "force": (per_atom(atoms, PER_ATOM["force"]), ref.forces),
-            "pressure": (np.array([results[p] for p in PRESSURE]), pressure),
-            "stress_per_atom": (
-                per_atom(atoms, PER_ATOM["stress_per_atom"]),
-                -NKTV2P["metal"] * ref.atom_virials,
-            ),
-        },
-        tol=FLOAT32_TOLERANCE,
-    )
+        tol = TOLERANCE if dtype == "float64" else FLOAT32_TOLERANCE
+        assert_matches_reference(label, atoms, results, ref, SYSTEM.cell, tol=tol)
 
 
 @pytest.mark.parametrize("nprocs", NPROCS[1:], ids=[f"np{n}" for n in NPROCS[1:]])
 def test_aimnet2_float32_ranks_equal_one_rank(runs, nprocs):
-    atoms, results = runs[nprocs][0]["f32_anion"]
-    one_atoms, one_results = runs[1][0]["f32_anion"]
-    assert_all_close(
+    assert_runs_agree(
         f"aimnet2/f32_anion/np{nprocs}-vs-np1",
-        {
-            "energy": (np.array([results["pe"]]), np.array([one_results["pe"]])),
-            "energy_per_atom": (atoms["c_pe"], one_atoms["c_pe"]),
-            "force": (per_atom(atoms, PER_ATOM["force"]), per_atom(one_atoms, PER_ATOM["force"])),
-            "pressure": (
-                np.array([results[p] for p in PRESSURE]),
-                np.array([one_results[p] for p in PRESSURE]),
-            ),
-        },
+        runs[nprocs][0]["f32_anion"],
+        runs[1][0]["f32_anion"],
         tol=1e-6,
     )

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from _aimnet2_models import molecular_box, random_aimnet2
 from _mace_models import random_mace
-from lammps_helpers import MEASURED, NPROCS, PRESSURE, assert_all_close, per_atom, print_results
+from lammps_helpers import MEASURED, NPROCS, PRESSURE, assert_matches_reference, print_results
 
 from nvalchemi_lammps import DFTD3, LennardJones, Pipeline, Pme, save_model
 from nvalchemi_lammps.lammps_run import read_dump, read_results, run_lammps, write_lammps_data
@@ -175,19 +175,7 @@ def test_pipeline_equals_reference(case_id, nprocs, prepared, tmp_path):
     script += print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
     run = run_lammps(script, nprocs, tmp_path, timeout=600).check()
     atoms, glob = read_dump(tmp_path / "atoms.dump"), read_results(run.output)
-    tensor = ref.pressure(abs(float(np.linalg.det(case.cell))), units="metal")
-    assert_all_close(
-        f"{case_id}/np{nprocs}",
-        {
-            "energy": (np.array([glob["pe"]]), np.array([ref.energy])),
-            "energy_per_atom": (atoms["c_pe"], ref.atom_energies),
-            "force": (per_atom(atoms, ["fx", "fy", "fz"]), ref.forces),
-            "pressure": (
-                np.array([glob[p] for p in PRESSURE]),
-                tensor[[0, 1, 2, 0, 0, 1], [0, 1, 2, 1, 2, 2]],
-            ),
-        },
-    )
+    assert_matches_reference(f"{case_id}/np{nprocs}", atoms, glob, ref, case.cell, stress=False)
 
 
 @pytest.mark.parametrize("case_id", ["mace+d3+pme", "aimnet2->pme/charge1"])

@@ -29,16 +29,16 @@ from lammps_helpers import (
     NPROCS,
     PER_ATOM,
     PRESSURE,
-    assert_all_close,
+    TOLERANCE,
     assert_matches_reference,
+    assert_runs_agree,
     atoms_per_rank,
-    per_atom,
 )
 
 from nvalchemi_lammps import save_model
 from nvalchemi_lammps.lammps_run import read_dump, read_results, run_lammps, write_lammps_data
 from nvalchemi_lammps.potentials.uma import Uma
-from nvalchemi_lammps.reference import NKTV2P, evaluate_reference
+from nvalchemi_lammps.reference import evaluate_reference
 
 pytestmark = [pytest.mark.lammps, pytest.mark.uma]
 
@@ -151,45 +151,15 @@ def test_uma_equals_reference(models, runs, nprocs):
         )
         atoms, results = cases[name]
         label = f"uma/{name}/np{nprocs}"
-        if model == "float32":
-            _assert_float32_matches(label, atoms, results, ref)
-        else:
-            assert_matches_reference(label, atoms, results, ref, SYSTEM.cell)
-
-
-def _assert_float32_matches(label, atoms, results, ref):
-    tensor = ref.pressure(abs(float(np.linalg.det(SYSTEM.cell))), units="metal")
-    pressure = tensor[[0, 1, 2, 0, 0, 1], [0, 1, 2, 1, 2, 2]]
-    assert_all_close(
-        label,
-        {
-            "energy": (np.array([results["pe"]]), np.array([ref.energy])),
-            "energy_per_atom": (atoms["c_pe"], ref.atom_energies),
-            "force": (per_atom(atoms, PER_ATOM["force"]), ref.forces),
-            "pressure": (np.array([results[p] for p in PRESSURE]), pressure),
-            "stress_per_atom": (
-                per_atom(atoms, PER_ATOM["stress_per_atom"]),
-                -NKTV2P["metal"] * ref.atom_virials,
-            ),
-        },
-        tol=FLOAT32_TOLERANCE,
-    )
+        tol = FLOAT32_TOLERANCE if model == "float32" else TOLERANCE
+        assert_matches_reference(label, atoms, results, ref, SYSTEM.cell, tol=tol)
 
 
 @pytest.mark.parametrize("nprocs", NPROCS[1:], ids=[f"np{n}" for n in NPROCS[1:]])
 def test_uma_float32_ranks_equal_one_rank(runs, nprocs):
-    atoms, results = runs[nprocs][0]["f32_anion"]
-    one_atoms, one_results = runs[1][0]["f32_anion"]
-    assert_all_close(
+    assert_runs_agree(
         f"uma/f32_anion/np{nprocs}-vs-np1",
-        {
-            "energy": (np.array([results["pe"]]), np.array([one_results["pe"]])),
-            "energy_per_atom": (atoms["c_pe"], one_atoms["c_pe"]),
-            "force": (per_atom(atoms, PER_ATOM["force"]), per_atom(one_atoms, PER_ATOM["force"])),
-            "pressure": (
-                np.array([results[p] for p in PRESSURE]),
-                np.array([one_results[p] for p in PRESSURE]),
-            ),
-        },
+        runs[nprocs][0]["f32_anion"],
+        runs[1][0]["f32_anion"],
         tol=1e-6,
     )
