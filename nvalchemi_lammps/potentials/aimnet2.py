@@ -38,11 +38,8 @@ energies come back in float64 whatever the dtype.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,6 +48,7 @@ import torch
 
 from ..contract import LocalGraph, ModelSpec
 from ._base import Potential, register_potential
+from ._quiet import without_warp_banner
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -89,9 +87,8 @@ def _aimnet() -> Any:
     global _AIMNET
     if _AIMNET is not None:
         return _AIMNET
-    captured = io.StringIO()
     try:
-        with contextlib.redirect_stdout(captured):
+        with without_warp_banner():
             import aimnet
             import aimnet.config
             import aimnet.models
@@ -102,11 +99,6 @@ def _aimnet() -> Any:
             import aimnet.nbops
     except ImportError as err:
         raise ImportError(f"{_INSTALL_HINT} ({err})") from err
-    finally:
-        banner = ("Warp ", "   CUDA Toolkit", "   Devices:", '     "', "   Kernel cache:", "     /")
-        for line in captured.getvalue().splitlines():
-            if not line.startswith(banner):
-                print(line, file=sys.stdout)
     _AIMNET = aimnet
     return _AIMNET
 

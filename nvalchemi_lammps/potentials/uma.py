@@ -43,11 +43,8 @@ the default here; ``dtype = "float64"`` casts the weights, for checks of exactne
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import math
-import sys
 import warnings
 from typing import Any
 
@@ -55,6 +52,7 @@ import torch
 
 from ..contract import LocalGraph, ModelSpec
 from ._base import Potential, register_potential
+from ._quiet import without_warp_banner
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -97,9 +95,8 @@ def _escn_md() -> Any:
     global _ESCN_MD
     if _ESCN_MD is not None:
         return _ESCN_MD
-    captured = io.StringIO()
     try:
-        with contextlib.redirect_stdout(captured), warnings.catch_warnings():
+        with without_warp_banner(), warnings.catch_warnings():
             warnings.filterwarnings(
                 "ignore",
                 message=r"`torch\.jit\.script` is deprecated",
@@ -108,11 +105,6 @@ def _escn_md() -> Any:
             from fairchem.core.models.uma import escn_md
     except ImportError as err:
         raise ImportError(f"{_INSTALL_HINT} ({err})") from err
-    finally:
-        banner = ("Warp ", "   CUDA Toolkit", "   Devices:", '     "', "   Kernel cache:", "     /")
-        for line in captured.getvalue().splitlines():
-            if not line.startswith(banner):
-                print(line, file=sys.stdout)
     _ESCN_MD = escn_md
     return _ESCN_MD
 
