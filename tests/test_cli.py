@@ -284,3 +284,14 @@ def test_demo_passes_on_two_ranks(tmp_path, capsys):
     assert "PASS: step-0 relative differences" in text
     assert (tmp_path / "nvalchemi" / "log.lammps").is_file()
     assert (tmp_path / "lj_cut" / "forces_step0.dump").is_file()
+
+
+def test_readme_pipeline_example_exports(tmp_path, capsys):
+    """The pipeline configuration the README shows is one export accepts and checks."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = readme.index('potential = "pipeline"')
+    config = tmp_path / "pipeline.toml"
+    config.write_text(readme[start : readme.index("```", start)])
+    out = tmp_path / "pipeline.pt"
+    assert export_cli.main([str(config), "-o", str(out)]) == 0, capsys.readouterr().out
+    assert [t.name for t in load_model(out).terms] == ["aimnet2", "dftd3", "pme"]
