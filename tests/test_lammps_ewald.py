@@ -13,7 +13,9 @@ same) and put the empty top of the box on a rank of its own at 4 ranks.
 
 from __future__ import annotations
 
+import functools
 import re
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -56,6 +58,49 @@ def rock_salt(
     return positions, cell, types, charges
 
 
+#: Tosi-Fumi NaCl for ``pair_style born/coul/long`` (metal units: A, rho, sigma, C, D), only
+#: to melt the crystal for the periodic system.
+BORN_MAYER_HUGGINS = {
+    (1, 1): "0.263690 0.317 2.340 1.048553 -0.49935",
+    (1, 2): "0.210917 0.317 2.755 6.99055303 -8.6757",
+    (2, 2): "0.158221 0.317 3.170 72.4077 -145.427",
+}
+MELT_TEMPERATURE, MELT_STEPS = 2500.0, 2000
+
+
+@functools.cache
+def molten_salt() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The 1,000-ion crystal of :func:`rock_salt` melted by LAMMPS: Born-Mayer-Huggins +
+    Coulomb (PPPM), NVT at 2,500 K for 2 ps at the crystal's density (NaCl melts at
+    1,074 K): a liquid's disorder, ions as close as the melt brings them."""
+    positions, cell, types, charges = rock_salt()
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        data = write_lammps_data(workdir / "crystal.data", positions, cell, types, MASSES, charges)
+        coefficients = "\n".join(
+            f"pair_coeff {i} {j} {v}" for (i, j), v in BORN_MAYER_HUGGINS.items()
+        )
+        script = textwrap.dedent(
+            f"""            units metal
+            atom_style charge
+            read_data {data}
+            pair_style born/coul/long 9.0
+            {{coefficients}}
+            kspace_style pppm 1e-4
+            velocity all create {MELT_TEMPERATURE} 8675309 loop geom
+            fix nvt all nvt temp {MELT_TEMPERATURE} {MELT_TEMPERATURE} 0.1
+            timestep 0.001
+            thermo 500
+            run {MELT_STEPS}
+            write_dump all custom melt.dump id x y z modify sort id format float "%.17g"
+            """
+        ).replace("{coefficients}", coefficients)
+        run_lammps(script, 1, workdir, timeout=300).check()
+        melt = read_dump(workdir / "melt.dump")
+    melted = np.stack([melt[c] for c in ("x", "y", "z")], axis=1)
+    return np.mod(melted, np.diag(cell)), cell, types, charges
+
+
 #: The slab: rock salt 5x5x4 cells (800 ions), Na shifted up and Cl down along z (a dipole
 #: normal to the slab, whose correction is then large), from z = 2 A in a box 40 A high.
 SLAB_CELLS, SLAB_SHIFT, SLAB_BOTTOM, SLAB_HEIGHT, SLAB_FACTOR = 4, 0.1, 2.0, 40.0, 3.0
@@ -72,7 +117,7 @@ def slab_rock_salt() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory) -> Path:
-    positions, cell, types, charges = rock_salt()
+    positions, cell, types, charges = molten_salt()
     path = tmp_path_factory.mktemp("nacl") / "nacl.data"
     return write_lammps_data(path, positions, cell, types, MASSES, charges=charges)
 
@@ -152,7 +197,7 @@ def test_accuracy_gives_lammps_parameters(lammps_choice):
     """``Ewald(accuracy=...)`` derives the alpha and kmax LAMMPS prints for the same input."""
     import torch
 
-    positions, cell, _, charges = rock_salt()
+    positions, cell, _, charges = molten_salt()
     potential = Ewald(["Na", "Cl"], cutoff=CUTOFF, accuracy=ACCURACY)
     alpha, kmax = potential.parameters_for(
         torch.as_tensor(cell), float(len(positions)), float((charges**2).sum())
@@ -178,7 +223,7 @@ def test_ewald_equals_lammps_ewald(system, model, lammps_ewald, ours_one_rank, n
 
 @pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])
 def test_ewald_without_charges_is_an_error(system, model, nprocs, tmp_path):
-    positions, cell, types, _ = rock_salt()
+    positions, cell, types, _ = molten_salt()
     data = write_lammps_data(tmp_path / "atomic.data", positions, cell, types, MASSES)
     interaction = f"pair_style nvalchemi {model}\npair_coeff * * Na Cl"
     run = run_lammps(lammps_script(data, interaction, "atomic"), nprocs, tmp_path, timeout=120)
@@ -206,7 +251,7 @@ def test_remaining_difference_is_the_erfc_fit_of_coul_long(lammps_choice, lammps
     from nvalchemi_lammps.reference import evaluate_reference
 
     alpha, kmax = lammps_choice
-    positions, cell, types, charges = rock_salt()
+    positions, cell, types, charges = molten_salt()
     potential = Ewald(["Na", "Cl"], cutoff=CUTOFF, alpha=alpha, kmax=list(kmax))
     ref = evaluate_reference(potential, positions, cell, (True,) * 3, types - 1, charges=charges)
     shift = erfc_fit_shift(ref, charges, alpha, potential.qqr2e)

@@ -41,8 +41,8 @@ from test_lammps_ewald import (
     SLAB_FACTOR,
     coul_long,
     lammps_script,
+    molten_salt,
     read_outputs,
-    rock_salt,
     slab_rock_salt,
     slab_setup,
 )
@@ -64,7 +64,7 @@ EXACT_KMAX = {"periodic": [15, 15, 15], "slab": [15, 15, 62]}
 
 
 def _systems() -> dict:
-    return {"periodic": rock_salt(), "slab": slab_rock_salt()}
+    return {"periodic": molten_salt(), "slab": slab_rock_salt()}
 
 
 def _pbc(geometry: str) -> tuple[bool, bool, bool]:
