@@ -39,7 +39,6 @@ energies come back in float64 whatever the dtype.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,6 +47,7 @@ import torch
 
 from ..contract import LocalGraph, ModelSpec
 from ._base import Potential, register_potential
+from ._charge import checked_total_charge
 from ._quiet import without_warp_banner
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -66,9 +66,6 @@ SYMBOLS = (
 KEPT_OUTPUTS = ("Output", "AtomicShift", "AtomicSum", "SRCoulomb")
 DROPPED_OUTPUTS = ("LRCoulomb", "DFTD3", "D3TS")
 
-#: Net charges further than this from an integer are refused (|Q| above MAX_CHARGE too).
-CHARGE_TOLERANCE = 1e-6
-MAX_CHARGE = 100.0
 
 _INSTALL_HINT = (
     "the aimnet2 potential needs aimnet: pip install 'nvalchemi-lammps[toolkit]' "
@@ -157,14 +154,6 @@ def build_model(config: dict[str, Any]) -> torch.nn.Module:
     if model.num_charge_channels != 1:
         raise ValueError("spin-polarized AIMNet2 models (two charge channels) are not supported")
     return model
-
-
-def _check_total_charge(charge: float) -> torch.Tensor:
-    if not (math.isfinite(charge) and abs(charge) <= MAX_CHARGE):
-        raise ValueError(f"total charge must be finite and at most {MAX_CHARGE:g} e, got {charge}")
-    if abs(charge - round(charge)) > CHARGE_TOLERANCE:
-        raise ValueError(f"total charge must be an integer number of e, got {charge}")
-    return torch.tensor(charge)
 
 
 # --- the potential -------------------------------------------------------------------------
@@ -431,7 +420,7 @@ def _evaluate(
     data["g_sv"] = model.aev._calc_aev(r_ij, d_ij, data)
     # atoms the passes update: not the dummy, not NULL types (no pairs, zero features)
     real = rows(torch.cat([mapped, mapped.new_zeros(1)]))[:, None]
-    total = _check_total_charge(graph.total_charge).to(device=d_ij.device, dtype=dtype)
+    total = torch.tensor(checked_total_charge(graph.total_charge), device=d_ij.device, dtype=dtype)
 
     table_a = model.afv(numbers)  # the element embedding: the first pass's features
     if model.d2features:

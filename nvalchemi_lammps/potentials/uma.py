@@ -44,7 +44,6 @@ the default here; ``dtype = "float64"`` casts the weights, for checks of exactne
 from __future__ import annotations
 
 import copy
-import math
 import warnings
 from typing import Any
 
@@ -52,14 +51,14 @@ import torch
 
 from ..contract import LocalGraph, ModelSpec
 from ._base import Potential, register_potential
+from ._charge import checked_total_charge
 from ._quiet import without_warp_banner
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
-#: Charge and spin multiplicity ranges of UMA's embeddings (fairchem ``ChgSpinEmbedding``).
-MAX_CHARGE = 100
+#: Spin multiplicity range of UMA's embedding (fairchem ``ChgSpinEmbedding``; the charge's
+#: is ``_charge.MAX_CHARGE``).
 MAX_SPIN = 100
-CHARGE_TOLERANCE = 1e-6
 
 #: Seed of the random roll angles of the edge frames (see ``Uma.forward``).
 ROLL_SEED = 0
@@ -141,14 +140,6 @@ def build_backbone(backbone: dict[str, Any]) -> tuple[torch.nn.Module, torch.nn.
 def _check_spin(spin: int) -> None:
     if int(spin) != spin or not 0 <= spin <= MAX_SPIN:
         raise ValueError(f"spin multiplicity must be an integer from 0 to {MAX_SPIN}, got {spin}")
-
-
-def _check_total_charge(charge: float) -> int:
-    if not (math.isfinite(charge) and abs(charge) <= MAX_CHARGE):
-        raise ValueError(f"total charge must be finite and at most {MAX_CHARGE} e, got {charge}")
-    if abs(charge - round(charge)) > CHARGE_TOLERANCE:
-        raise ValueError(f"total charge must be an integer number of e, got {charge}")
-    return round(charge)
 
 
 # --- the potential -------------------------------------------------------------------------
@@ -298,7 +289,7 @@ class Uma(Potential):
         self._check_neighbors(graph)
 
         # fairchem's data: one system; charge and spin as the long integers it reads
-        charge = torch.tensor([_check_total_charge(graph.total_charge)], device=device)
+        charge = torch.tensor([round(checked_total_charge(graph.total_charge))], device=device)
         # the input script's spin and task, else the model's own
         spin = torch.tensor([self.spin if graph.spin is None else graph.spin], device=device)
         task = self.task if graph.task is None else graph.task
