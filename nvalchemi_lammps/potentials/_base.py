@@ -55,6 +55,19 @@ class Potential(torch.nn.Module):
     def from_config(cls, config: dict[str, Any]) -> Potential:
         return cls(**config)
 
+    def prepare_compile(self) -> Potential:
+        """This potential (or an equal one) ready for ``torch.compile`` on padded graphs
+        (:class:`~nvalchemi_lammps.engine.CompiledPotential`).
+
+        A subclass that overrides this promises: atoms of species -1 and pairs longer than
+        the cutoff get zero energy and zero gradient (they pad graphs to fixed shapes); the
+        forward has no Python branch on tensor values and reads ``graph.nlocal`` only where
+        a change of it may recompile.
+
+        :raises ValueError: the potential cannot be compiled (the default)
+        """
+        raise ValueError(f"the {self.name} model cannot be compiled (no compile support)")
+
 
 def register_potential(cls: type[Potential]) -> type[Potential]:
     """Class decorator: make ``cls`` loadable from model files under ``cls.name``."""

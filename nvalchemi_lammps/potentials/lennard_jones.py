@@ -120,6 +120,10 @@ class LennardJones(Potential):
     def config(self) -> dict[str, Any]:
         return dict(self._config)
 
+    def prepare_compile(self) -> Potential:
+        # pairs beyond their cutoff and NULL atoms already carry no energy
+        return self
+
     def forward(self, graph: LocalGraph) -> torch.Tensor:
         si = graph.species[graph.pair_i]
         sj = graph.species[graph.pair_j]

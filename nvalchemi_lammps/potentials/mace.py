@@ -139,6 +139,7 @@ def _mace() -> Any:
                 # e3nn loads its constants at import: before mace changes the environment
                 importlib.import_module("e3nn.o3")
             import mace.modules
+            import mace.tools.compile  # Mace.prepare_compile
             import mace.tools.scripts_utils  # extract_radial_MLP
     except ImportError as err:
         raise ImportError(f"{_INSTALL_HINT} ({err})") from err
@@ -549,6 +550,23 @@ class Mace(Potential):
                     "the MACE model rebuilt from its hyperparameters gives other energies or "
                     "forces than the original; this MACE variant is not supported"
                 )
+
+    def prepare_compile(self) -> Mace:
+        """A copy whose network is rebuilt for ``torch.compile``: without e3nn's TorchScript
+        code generation, which the compiler cannot trace, and with the blocks mace-torch
+        marks for it simplified by ``torch.fx`` (``mace.tools.compile``), the same weights.
+        Padding is inert: NULL atoms are masked and MACE's radial cutoff is zero beyond
+        ``r_max``."""
+        _mace()  # imported with its side effects undone
+        from mace.tools.compile import disable_e3nn_codegen, simplify
+
+        with disable_e3nn_codegen(), _quiet_torchscript(), _default_dtype(torch.float64):
+            network = build_model(self._config["model"])
+        network.load_state_dict(self.model.state_dict())
+        compiled = copy.copy(self)
+        compiled._modules = dict(self._modules)
+        compiled.model = simplify(network).to(next(self.model.parameters())).eval()
+        return compiled
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:
         return _node_energies(self.model, graph, self.head_index, self.spec.torch_dtype)

@@ -99,6 +99,10 @@ class MessagePassing(Potential):
     def config(self) -> dict[str, Any]:
         return dict(self._config)
 
+    def prepare_compile(self) -> Potential:
+        # the smooth cutoff is zero beyond the cutoff, NULL atoms are masked
+        return self
+
     def forward(self, graph: LocalGraph) -> torch.Tensor:
         cutoff = self.spec.cutoff
         mapped = graph.species >= 0

@@ -122,6 +122,12 @@ class ToolkitLennardJones(LennardJones):
         _kernel()  # fail at construction, not in the middle of a run
         self._tables = _pair_tables(self._config)
 
+    def prepare_compile(self) -> LennardJones:
+        raise ValueError(
+            f"the {self.name} model cannot be compiled (Warp kernels; the lennard_jones "
+            "model computes the same in torch and can)"
+        )
+
     def forward(self, graph: LocalGraph) -> torch.Tensor:
         si = graph.species[graph.pair_i]
         sj = graph.species[graph.pair_j]

@@ -1,0 +1,168 @@
+"""A potential under ``torch.compile`` on graphs padded to fixed shapes.
+
+A compiled graph is specialized to its input shapes, and an MD run changes them all the
+time: each rank's ghost count and pair count move a little with every neighbor-list build.
+Here every graph is padded to an atom capacity and a pair capacity with headroom, so the
+shapes stay the same from step to step and the potential compiles once. Padding atoms have
+species -1; padding pairs join the first padding atom to itself with a pair vector twice
+the cutoff long. A potential that can be compiled this way (:meth:`Potential.prepare_compile
+<nvalchemi_lammps.potentials.Potential.prepare_compile>`) gives such atoms and pairs zero
+energy and zero gradient, so padding changes nothing but the shapes. When a graph outgrows a
+capacity, the capacity grows by the headroom and the potential compiles again;
+:attr:`CompiledPotential.compilations` counts every graph compiled.
+
+Collectives stay outside the compiled code: inside it, ``graph.comm`` is a stand-in whose
+exchanges and all-reduces are custom operators (opaque to the compiler, with each other as
+derivatives), which call the step's real communication on the unpadded rows.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import torch
+
+from ..contract import Comm, LocalGraph
+from ..potentials import Potential
+
+#: ``torch.compile`` modes a pair style may ask for (``pair_style nvalchemi ... compile M``)
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+class _Active:
+    """The communication of the step being computed and its unpadded row count, read by
+    the operators below during the forward and the backward that follows it."""
+
+    comm: Comm | None = None
+    ntotal = 0
+
+
+def _on_rows(operation: Any, src: torch.Tensor) -> torch.Tensor:
+    # padding rows are their own owners: they pass through unchanged
+    rows = operation(src[: _Active.ntotal])
+    return torch.cat((rows, src[_Active.ntotal :]))
+
+
+@torch.library.custom_op("nvalchemi_lammps::forward_exchange", mutates_args=())
+def _forward_exchange(src: torch.Tensor) -> torch.Tensor:
+    return _on_rows(_Active.comm.forward_exchange, src)
+
+
+@torch.library.custom_op("nvalchemi_lammps::reverse_exchange", mutates_args=())
+def _reverse_exchange(src: torch.Tensor) -> torch.Tensor:
+    return _on_rows(_Active.comm.reverse_exchange, src)
+
+
+@torch.library.custom_op("nvalchemi_lammps::allreduce", mutates_args=())
+def _allreduce(x: torch.Tensor) -> torch.Tensor:
+    return _Active.comm.allreduce(x).clone()
+
+
+for _op in (_forward_exchange, _reverse_exchange, _allreduce):
+    _op.register_fake(lambda src: torch.empty_like(src))
+_forward_exchange.register_autograd(lambda ctx, grad: _reverse_exchange(grad))
+_reverse_exchange.register_autograd(lambda ctx, grad: _forward_exchange(grad))
+_allreduce.register_autograd(lambda ctx, grad: _allreduce(grad))
+
+
+class _TracedComm(Comm):
+    """``graph.comm`` inside compiled code: the collectives as custom operators."""
+
+    def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
+        return _forward_exchange(src)
+
+    def reverse_exchange(self, src: torch.Tensor) -> torch.Tensor:
+        return _reverse_exchange(src)
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        return _allreduce(x)
+
+
+def _capacity(count: int, headroom: float) -> int:
+    # a multiple of 64 rows above count + headroom (at least one padding row)
+    return 64 * math.ceil((count * (1.0 + headroom) + 1) / 64)
+
+
+def _padded(t: torch.Tensor, rows: int, fill: float | int) -> torch.Tensor:
+    pad = t.new_full((rows - t.shape[0], *t.shape[1:]), fill)
+    return torch.cat((t, pad))
+
+
+class CompiledPotential(Potential):
+    """``potential`` compiled once for padded graphs; a drop-in for it in :func:`evaluate`.
+
+    :param potential: a potential whose :meth:`~Potential.prepare_compile` succeeds
+    :param mode: a ``torch.compile`` mode (:data:`MODES`)
+    :param headroom: capacities are the first graph's sizes times ``1 + headroom``, and grow
+        the same way when a graph outgrows them
+    """
+
+    def __init__(self, potential: Potential, mode: str = "default", headroom: float = 0.1):
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"compile mode must be one of {', '.join(MODES)}; got '{mode}'")
+        self.inner = potential.prepare_compile()
+        self.name = potential.name
+        self.spec = potential.spec
+        self.mode = mode
+        self.headroom = float(headroom)
+        self.atom_capacity = 0
+        self.pair_capacity = 0
+        #: graphs compiled so far (forward graphs; each brings its backward)
+        self.compilations = 0
+        self._comm = _TracedComm()
+        self._compiled = torch.compile(
+            self._energies, backend=self._backend, dynamic=False, fullgraph=True
+        )
+
+    def _backend(self, graph_module: torch.fx.GraphModule, inputs: list) -> Any:
+        # inductor, as torch.compile(mode=...) would call it, counted
+        from torch._inductor import list_mode_options
+        from torch._inductor.compile_fx import compile_fx
+
+        self.compilations += 1
+        options = list_mode_options(self.mode)
+        return compile_fx(graph_module, inputs, config_patches=options)
+
+    def config(self) -> dict[str, Any]:
+        return self.inner.config()
+
+    def forward(self, graph: LocalGraph) -> torch.Tensor:
+        ntotal, npairs = graph.ntotal, graph.npairs
+        if ntotal >= self.atom_capacity:
+            self.atom_capacity = _capacity(ntotal, self.headroom)
+        if npairs > self.pair_capacity:
+            self.pair_capacity = _capacity(npairs, self.headroom)
+        atoms, pairs = self.atom_capacity, self.pair_capacity
+        padding = graph.pair_i.new_full((pairs - npairs,), ntotal)
+        far = graph.rij.new_zeros(pairs - npairs, 3)
+        far[:, 0] = 2.0 * self.spec.cutoff + 1.0
+        padded = LocalGraph(
+            nlocal=graph.nlocal,
+            species=_padded(graph.species, atoms, -1),
+            pair_i=torch.cat((graph.pair_i, padding)),
+            pair_j=torch.cat((graph.pair_j, padding)),
+            rij=torch.cat((graph.rij, far)),
+            comm=self._comm,
+            positions=None if graph.positions is None else _padded(graph.positions, atoms, 0),
+            cell=graph.cell,
+            pbc=graph.pbc,
+            charges=None if graph.charges is None else _padded(graph.charges, atoms, 0),
+            total_charge=graph.total_charge,
+            spin=graph.spin,
+            task=graph.task,
+        )
+        _Active.comm, _Active.ntotal = graph.comm, ntotal
+        with warnings.catch_warnings():
+            # the compiler's own: it reads .grad of its (non-leaf) inputs while it traces,
+            # and its code generation calls TorchScript functions deprecated in torch 2.10+
+            warnings.filterwarnings("ignore", message=r"The \.grad attribute of a Tensor")
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.", category=DeprecationWarning)
+            # the compiled code guards only on what the potential reads of the graph
+            energies = self._compiled(padded)
+        return energies[:ntotal]
+
+    def _energies(self, graph: LocalGraph) -> torch.Tensor:
+        return self.inner(graph)

@@ -1,0 +1,191 @@
+"""Potentials under ``torch.compile`` on padded graphs (engine/_compiled.py) against the
+same potentials run eagerly: the same energies and pair forces, through exchanges, with a
+graph compiled once for every graph that fits its capacities."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from _systems import decompose, fcc_argon_222, lennard_jones, triclinic_ar_ne
+
+from nvalchemi_lammps import LocalGraph, MessagePassing, ModelSpec, Potential, evaluate
+from nvalchemi_lammps.contract import Comm, with_adjoint
+from nvalchemi_lammps.engine import CompiledPotential
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiler():
+    """Compiled code is cached per function across instances: each test starts empty, so
+    that it counts its own compilations."""
+    torch._dynamo.reset()
+
+
+class OwnerComm(Comm):
+    """One rank whose ghosts are periodic images of its own atoms: an exchange copies each
+    ghost row from the owned row it images, the reverse sums ghost rows into them."""
+
+    def __init__(self, owner: np.ndarray, nlocal: int) -> None:
+        self.owner = torch.from_numpy(owner)
+        self.nlocal = nlocal
+        self.calls = 0
+
+    def _forward(self, src: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return src[self.owner]
+
+    def _reverse(self, src: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return torch.zeros_like(src).index_add_(0, self.owner, src)
+
+    def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
+        return with_adjoint(src, self._forward, self._reverse)
+
+    def reverse_exchange(self, src: torch.Tensor) -> torch.Tensor:
+        return with_adjoint(src, self._reverse, self._forward)
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def _evaluate(potential, graph, comm):
+    return evaluate(
+        potential,
+        graph.nlocal,
+        torch.from_numpy(graph.species),
+        torch.from_numpy(graph.pair_i),
+        torch.from_numpy(graph.pair_j),
+        torch.from_numpy(graph.rij),
+        comm,
+    )
+
+
+def _assert_same(got, want, rtol=1e-12):
+    scale = float(want.pair_forces.abs().max())
+    assert scale > 0.0
+    assert float((got.pair_forces - want.pair_forces).abs().max()) <= rtol * scale
+    assert got.energy == pytest.approx(want.energy, rel=rtol)
+    energies = want.atom_energies.abs().max()
+    assert float((got.atom_energies - want.atom_energies).abs().max()) <= rtol * energies
+
+
+def _graph(system, cutoff):
+    graph = decompose(system, cutoff, 1)[0]
+    assert graph.ntotal > graph.nlocal  # ghosts, so exchanges copy something
+    return graph, OwnerComm(graph.owner, graph.nlocal)
+
+
+def _mace():
+    from _mace_models import random_mace
+
+    from nvalchemi_lammps.potentials.mace import Mace
+
+    return Mace.from_model(random_mace(), dtype="float64")
+
+
+POTENTIALS = {
+    "lennard_jones": lambda: lennard_jones(fcc_argon_222(), cutoff=6.0),
+    "message_passing": lambda: MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, seed=3),
+    "mace": _mace,
+}
+
+
+@pytest.mark.parametrize("make", POTENTIALS.values(), ids=POTENTIALS.keys())
+def test_compiled_equals_eager(make):
+    potential = make()
+    compiled = CompiledPotential(potential)
+    graph, comm = _graph(fcc_argon_222(), potential.spec.cutoff)
+    want = _evaluate(potential, graph, comm)
+    got = _evaluate(compiled, graph, comm)
+    _assert_same(got, want)
+    if potential.spec.layers > 1:  # the exchanges ran inside the compiled forward and backward
+        assert comm.calls == 4 * (potential.spec.layers - 1)
+    assert compiled.compilations == 1
+    assert compiled.atom_capacity > graph.ntotal and compiled.pair_capacity > len(graph.pair_i)
+
+
+def test_graphs_within_capacity_do_not_recompile():
+    potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=2, seed=3)
+    compiled = CompiledPotential(potential, headroom=0.5)
+    graph, comm = _graph(fcc_argon_222(), 5.0)
+    _assert_same(_evaluate(compiled, graph, comm), _evaluate(potential, graph, comm))
+    capacities = (compiled.atom_capacity, compiled.pair_capacity)
+
+    # fewer atoms and pairs, another nlocal: the same compiled graph
+    rng = np.random.default_rng(1)
+    system = fcc_argon_222()
+    keep = np.sort(rng.choice(system.natoms, system.natoms - 3, replace=False))
+    smaller = type(system)(
+        "smaller", system.positions[keep], system.cell, system.pbc, system.species[keep],
+        system.elements,
+    )
+    graph2, comm2 = _graph(smaller, 5.0)
+    assert graph2.nlocal != graph.nlocal and len(graph2.pair_i) < len(graph.pair_i)
+    _assert_same(_evaluate(compiled, graph2, comm2), _evaluate(potential, graph2, comm2))
+    assert compiled.compilations == 1
+    assert (compiled.atom_capacity, compiled.pair_capacity) == capacities
+
+    # a graph past the pair capacity: capacities grow, one more graph compiles
+    big, comm3 = _graph(triclinic_ar_ne(), 5.0)
+    dense = decompose(fcc_argon_222().strained(np.eye(3) * -0.2), 5.0, 1)[0]
+    assert len(dense.pair_i) > capacities[1]
+    _assert_same(
+        _evaluate(compiled, dense, OwnerComm(dense.owner, dense.nlocal)),
+        _evaluate(potential, dense, OwnerComm(dense.owner, dense.nlocal)),
+    )
+    assert compiled.compilations == 2
+    assert compiled.pair_capacity > len(dense.pair_i)
+    _assert_same(_evaluate(compiled, big, comm3), _evaluate(potential, big, comm3))
+    assert compiled.compilations == 2
+
+
+def test_padding_rows_are_inert():
+    """What the compiled graph sees: padding atoms of species -1 and padding pairs longer
+    than the cutoff change neither energies nor the real pairs' gradients."""
+    potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=2, seed=3)
+    graph, comm = _graph(fcc_argon_222(), 5.0)
+    species = torch.from_numpy(graph.species)
+    rij = torch.from_numpy(graph.rij).requires_grad_(True)
+    pad_atoms, pad_pairs = 7, 11
+    plain = potential(
+        LocalGraph(graph.nlocal, species, torch.from_numpy(graph.pair_i),
+                   torch.from_numpy(graph.pair_j), rij, comm)
+    )
+    (plain_grad,) = torch.autograd.grad(plain[: graph.nlocal].sum(), rij)
+    index = torch.full((pad_pairs,), graph.ntotal)
+    far = torch.zeros(pad_pairs, 3, dtype=torch.float64)
+    far[:, 0] = 11.0
+    padded_comm = OwnerComm(np.concatenate([graph.owner, graph.ntotal + np.arange(pad_atoms)]),
+                            graph.nlocal)
+    padded = potential(
+        LocalGraph(
+            graph.nlocal,
+            torch.cat([species, torch.full((pad_atoms,), -1)]),
+            torch.cat([torch.from_numpy(graph.pair_i), index]),
+            torch.cat([torch.from_numpy(graph.pair_j), index]),
+            torch.cat([rij, far]),
+            padded_comm,
+        )
+    )
+    (padded_grad,) = torch.autograd.grad(padded[: graph.nlocal].sum(), rij)
+    assert torch.equal(padded[graph.ntotal :], torch.zeros(pad_atoms, dtype=torch.float64))
+    torch.testing.assert_close(padded[: graph.ntotal], plain, rtol=1e-14, atol=0)
+    torch.testing.assert_close(padded_grad, plain_grad, rtol=1e-14, atol=1e-18)
+
+
+class _Plain(Potential):
+    name = "plain"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spec = ModelSpec(elements=("Ar",), cutoff=3.0, units="metal", dtype="float64")
+
+    def forward(self, graph: LocalGraph) -> torch.Tensor:
+        return graph.rij.new_zeros(graph.ntotal)
+
+
+def test_potential_without_compile_support_is_refused():
+    with pytest.raises(ValueError, match="the plain model cannot be compiled"):
+        CompiledPotential(_Plain())
+    with pytest.raises(ValueError, match="compile mode must be one of"):
+        CompiledPotential(MessagePassing(["Ar"], cutoff=5.0, layers=2), mode="fast")
