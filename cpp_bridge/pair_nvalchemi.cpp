@@ -82,6 +82,7 @@ class PairCollectives : public Collectives {
 
 PairNvalchemi::PairNvalchemi(LAMMPS *lmp) :
     Pair(lmp), session(nullptr), cutoff(0.0), layers(1), shell(0), map(nullptr),
+    compiling(false), compiled_before(0),
     exchange_rows(nullptr), exchange_width(0), exchange_offset(0), exchange_count(0), maxatom(0),
     maxpair(0),
     species(nullptr), owner(nullptr), candidate_i(nullptr), candidate_j(nullptr),
@@ -382,6 +383,7 @@ int PairNvalchemi::pairs_in_cutoff()
 
 /* ----------------------------------------------------------------------
    global settings: pair_style nvalchemi <model file> [device D] [strategy S] [charge Q]
+   [spin S] [task NAME] [compile no|yes|MODE]
 ------------------------------------------------------------------------- */
 
 void PairNvalchemi::settings(int narg, char **arg)
@@ -392,6 +394,7 @@ void PairNvalchemi::settings(int narg, char **arg)
   double total_charge = 0.0;
   int spin = -1;    // not given: the model's default
   std::string task; // likewise
+  std::string compile_mode = "no";
   int iarg = 1;
   while (iarg < narg) {
     if (strcmp(arg[iarg], "device") == 0) {
@@ -413,6 +416,11 @@ void PairNvalchemi::settings(int narg, char **arg)
       if (iarg + 2 > narg) utils::missing_cmd_args(FLERR, "pair_style nvalchemi spin", error);
       spin = utils::inumeric(FLERR, arg[iarg + 1], false, lmp);
       if (spin < 0) error->all(FLERR, "pair_style nvalchemi spin must be >= 0; got {}", spin);
+      iarg += 2;
+    } else if (strcmp(arg[iarg], "compile") == 0) {
+      if (iarg + 2 > narg) utils::missing_cmd_args(FLERR, "pair_style nvalchemi compile", error);
+      compile_mode = arg[iarg + 1];
+      if (compile_mode == "yes") compile_mode = "default";
       iarg += 2;
     } else if (strcmp(arg[iarg], "task") == 0) {
       if (iarg + 2 > narg) utils::missing_cmd_args(FLERR, "pair_style nvalchemi task", error);
@@ -456,9 +464,12 @@ void PairNvalchemi::settings(int narg, char **arg)
   try {
     session->set_strategy(strategy);
     session->set_system_state(total_charge, spin, task);
+    session->set_compile(compile_mode);
   } catch (std::exception &err) {
     error->all(FLERR, "pair_style nvalchemi: {}", err.what());
   }
+  compiling = compile_mode != "no";
+  compiled_before = 0;
   cutoff = session->cutoff();
   layers = session->layers();
   shell = (layers > 1 && !session->uses_exchange()) ? 1 : 0;
@@ -470,6 +481,30 @@ void PairNvalchemi::settings(int narg, char **arg)
                      shell ? fmt::format("ghost shell of {} x cutoff, no exchange", layers)
                            : std::string("ghost features exchanged after each layer"));
   }
+}
+
+/* ----------------------------------------------------------------------
+   end of a run: how many graphs torch.compile compiled during it (the most on any rank);
+   after the first run of an MD simulation this should stay 0
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::finish()
+{
+  if (!compiling || !session) return;
+  NvalchemiLammps::PythonSession::CompileStatus status{-1, 0, 0};
+  try {
+    status = session->compile_status();
+  } catch (std::exception &err) {
+    error->one(FLERR, "pair_style nvalchemi: {}", err.what());
+  }
+  long local[2] = {status.graphs - compiled_before, status.graphs}, most[2];
+  MPI_Allreduce(local, most, 2, MPI_LONG, MPI_MAX, world);
+  compiled_before = status.graphs;
+  if (comm->me == 0)
+    utils::logmesg(lmp,
+                   "pair_style nvalchemi: torch.compile: {} graph(s) compiled during this run, "
+                   "{} in all; padded to {} atoms and {} pairs on rank 0\n",
+                   most[0], most[1], status.atoms, status.pairs);
 }
 
 /* ----------------------------------------------------------------------

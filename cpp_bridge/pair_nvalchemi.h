@@ -34,6 +34,7 @@ class PairNvalchemi : public Pair {
   void init_style() override;
   double init_one(int, int) override;
   double memory_usage() override;
+  void finish() override;
 
   int pack_forward_comm(int, int *, double *, int, int *) override;
   void unpack_forward_comm(int, int, double *) override;
@@ -55,6 +56,8 @@ class PairNvalchemi : public Pair {
   int layers;       // message-passing steps of the model (1 = strictly local)
   int shell;        // 1: ghost shell of layers x cutoff with ghost pairs, no exchange
   int *map;         // LAMMPS type -> model element index, -1 for NULL
+  bool compiling;           // the model runs under torch.compile (keyword compile)
+  long compiled_before;     // graphs compiled on this rank before the current run
 
   // the rows being exchanged: width values per atom, columns [offset, offset+count)
   double *exchange_rows;

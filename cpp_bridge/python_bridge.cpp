@@ -363,6 +363,29 @@ void PythonSession::set_system_state(double charge, int spin, const std::string 
 
 /* ---------------------------------------------------------------------- */
 
+void PythonSession::set_compile(const std::string &mode)
+{
+  GilLock gil;
+  PyRef done(
+      PyObject_CallMethod(static_cast<PyObject *>(session_), "set_compile", "s", mode.c_str()));
+  if (!done) raise_python_error("");
+}
+
+/* ---------------------------------------------------------------------- */
+
+PythonSession::CompileStatus PythonSession::compile_status()
+{
+  GilLock gil;
+  PyRef status(PyObject_CallMethod(static_cast<PyObject *>(session_), "compile_status", nullptr));
+  if (!status) raise_python_error("");
+  CompileStatus result{-1, 0, 0};
+  if (!PyArg_ParseTuple(status.get(), "lll", &result.graphs, &result.atoms, &result.pairs))
+    raise_python_error("compile_status: ");
+  return result;
+}
+
+/* ---------------------------------------------------------------------- */
+
 std::vector<int> PythonSession::map_types(const std::vector<std::string> &names)
 {
   GilLock gil;

@@ -67,6 +67,14 @@ class PythonSession {
   // net charge, spin multiplicity (< 0: not given) and task ("": not given) of the whole
   // system, for models that take them
   void set_system_state(double charge, int spin, const std::string &task);
+  // run the model under torch.compile in this mode ("default", "reduce-overhead", ...) on
+  // graphs padded to capacities with headroom, or not at all ("no")
+  void set_compile(const std::string &mode);
+  // graphs compiled so far (-1: not compiling) and the capacities padded to
+  struct CompileStatus {
+    long graphs, atoms, pairs;
+  };
+  CompileStatus compile_status();
 
   // the model's tensors live on a GPU: the pair style then keeps pairs there between
   // neighbor-list builds and lets the model build rij and filter the cutoff itself

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from nvalchemi_lammps import FORMAT_VERSION
+from nvalchemi_lammps import FORMAT_VERSION, Ewald, save_model
 from nvalchemi_lammps._model_file import FORMAT
 from nvalchemi_lammps.lammps_run import run_lammps
 
@@ -79,6 +79,17 @@ BAD_INPUTS = [
     BadInput(
         "negative_spin", ("pair_style nvalchemi spin must be >= 0; got -1",), style_args="spin -1"
     ),
+    BadInput(
+        "compile_mode_unknown",
+        ("compile mode must be one of default, reduce-overhead",),
+        style_args="compile fast",
+    ),
+    BadInput(
+        "compile_unsupported",
+        ("the ewald model cannot be compiled",),
+        model="ewald",
+        style_args="compile yes",
+    ),
     BadInput("newton_off", ("requires newton pair on",), before_box="newton off"),
     BadInput(
         "wrong_number_of_elements",
@@ -112,7 +123,11 @@ def bad_models(tmp_path_factory) -> dict[str, str]:
     torch.save({"format": FORMAT, "format_version": 999}, version_999)
     other_format = workdir / "other_format.pt"
     torch.save({"weights": torch.zeros(3)}, other_format)
+    ewald = save_model(
+        Ewald(["Ar"], cutoff=8.0, accuracy=1e-5, charges={"Ar": 0.0}), workdir / "ewald.pt"
+    )
     return {
+        "ewald": str(ewald),
         "missing": str(workdir / "missing.pt"),
         "corrupt": str(corrupt),
         "version_999": str(version_999),

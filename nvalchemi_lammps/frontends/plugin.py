@@ -15,7 +15,7 @@ import torch
 
 from .._elements import map_elements
 from .._model_file import load_model
-from ..engine import evaluate
+from ..engine import CompiledPotential, evaluate
 from ._lammps_comm import ExchangePlan, LammpsComm
 
 
@@ -101,6 +101,21 @@ class PluginSession:
                 if value is not None:
                     raise ValueError(f"the {self.potential.name} model takes no {keyword}")
         self.total_charge, self.spin, self.task = float(charge), spin_given, task_given
+
+    def set_compile(self, mode: str) -> None:
+        """Run the model under ``torch.compile`` in ``mode`` on graphs padded to fixed
+        capacities (``pair_style ... compile MODE``), or eagerly (``no``)."""
+        if mode == "no":
+            return
+        self.potential = CompiledPotential(self.potential, mode)
+
+    def compile_status(self) -> tuple[int, int, int]:
+        """Graphs compiled so far (-1 when not compiling) and the atom and pair capacities
+        graphs are padded to."""
+        model = self.potential
+        if not isinstance(model, CompiledPotential):
+            return -1, 0, 0
+        return model.compilations, model.atom_capacity, model.pair_capacity
 
     def map_types(self, names: list[str]) -> list[int]:
         return map_elements(names, self.potential.spec.elements)

@@ -1,0 +1,126 @@
+"""``pair_style nvalchemi ... compile yes``: the model under ``torch.compile`` on graphs
+padded to fixed capacities, through LAMMPS on 1, 2 and 4 ranks.
+
+The compiled model must equal the reference without LAMMPS to 1e-10 relative (message
+passing and MACE, ghost features exchanged inside the compiled forward and backward, a rank
+without atoms at 4 ranks), and an MD run with neighbor-list builds and atoms moving between
+ranks must compile nothing after its first step: the pair style's count says 0.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+import numpy as np
+import pytest
+from lammps_helpers import NPROCS, PRESSURE, assert_matches_reference, print_results
+
+from nvalchemi_lammps import MessagePassing, save_model
+from nvalchemi_lammps.lammps_run import read_dump, read_results, run_lammps, write_lammps_data
+from nvalchemi_lammps.reference import evaluate_reference
+
+pytestmark = pytest.mark.lammps
+
+FCC = np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.5]])
+COMPILED = re.compile(r"torch\.compile: (\d+) graph\(s\) compiled during this run, (\d+) in all")
+
+
+def _slab(seed: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """3x3x2 fcc cells (a = 4.1) in the lower 40 % of a tall box: at 4 ranks along z the
+    top ranks own nothing."""
+    rng = np.random.default_rng(seed)
+    cells = np.array([3, 3, 2])
+    grid = np.array(np.meshgrid(*map(np.arange, cells), indexing="ij")).reshape(3, -1).T
+    frac = (grid[:, None, :] + FCC[None]).reshape(-1, 3) / cells
+    cell = np.diag(cells * 4.1).astype(np.float64)
+    positions = frac @ cell + rng.normal(0.0, 0.12, size=frac.shape) + [0.0, 0.0, 1.0]
+    cell[2, 2] *= 2.5
+    species = (rng.random(len(frac)) < 0.35).astype(np.int64)
+    return positions, cell, species
+
+
+def _mace():
+    from _mace_models import random_mace
+
+    from nvalchemi_lammps.potentials.mace import Mace
+
+    return Mace.from_model(random_mace(), dtype="float64")
+
+
+MODELS = {
+    "message_passing": (
+        lambda: MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, features=12, seed=7),
+        "Ar Ne",
+    ),
+    "mace": (_mace, "Ar Kr"),
+}
+
+
+@pytest.fixture(scope="module", params=MODELS, ids=MODELS)
+def model(request, tmp_path_factory):
+    make, elements = MODELS[request.param]
+    potential = make()
+    path = save_model(potential, tmp_path_factory.mktemp("compile") / f"{request.param}.pt")
+    return request.param, potential, path, elements
+
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
+def test_compiled_equals_reference(model, nprocs, tmp_path):
+    name, potential, path, elements = model
+    positions, cell, species = _slab()
+    ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
+    data = write_lammps_data(tmp_path / "slab.data", positions, cell, species + 1, [39.948, 20.18])
+    script = textwrap.dedent(
+        f"""\
+        units metal
+        atom_style atomic
+        atom_modify map array
+        processors 1 1 {nprocs}
+        read_data {data.name}
+        pair_style nvalchemi {path} compile yes
+        pair_coeff * * {elements}
+        compute pe all pe/atom
+        compute stress all stress/atom NULL virial
+        thermo_style custom step pe {" ".join(PRESSURE)}
+        dump d all custom 1 atoms.dump id fx fy fz c_pe {" ".join(f"c_stress[{k}]" for k in range(1, 7))}
+        dump_modify d sort id format float "%.17g"
+        run 0
+        """
+    ) + print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
+    run = run_lammps(script, nprocs, tmp_path, timeout=900).check()
+    assert COMPILED.search(run.output), "the pair style did not report its compilations"
+    atoms, glob = read_dump(tmp_path / "atoms.dump"), read_results(run.output)
+    assert_matches_reference(f"{name}/compiled/np{nprocs}", atoms, glob, ref, cell)
+
+
+def test_md_run_compiles_nothing_after_its_first_step(argon_data, tmp_path):
+    """1,000 steps of thermal argon on 2 ranks, neighbor lists rebuilt as atoms move: the
+    capacities of the first step hold every later graph."""
+    path = save_model(
+        MessagePassing(["Ar"], cutoff=5.0, layers=2, features=8, seed=3), tmp_path / "mp.pt"
+    )
+    script = textwrap.dedent(
+        f"""\
+        units metal
+        atom_style atomic
+        atom_modify map array
+        read_data {argon_data}
+        pair_style nvalchemi {path} compile yes
+        pair_coeff * * Ar
+        neighbor 1.0 bin
+        neigh_modify every 1 delay 0 check yes
+        fix nve all nve
+        timestep 0.002
+        thermo 250
+        run 0
+        run 1000
+        """
+    )
+    run = run_lammps(script, 2, tmp_path, timeout=900).check()
+    counts = [tuple(map(int, m)) for m in COMPILED.findall(run.output)]
+    builds = [int(b) for b in re.findall(r"Neighbor list builds = (\d+)", run.output)]
+    print(f"compiled graphs per run: {counts}; neighbor-list builds: {builds}")
+    assert len(counts) == 2 and counts[0][0] >= 1
+    assert builds[-1] >= 10, "the run rebuilt no neighbor lists: the test shows nothing"
+    assert counts[1][0] == 0, f"{counts[1][0]} graph(s) compiled during the MD run"
