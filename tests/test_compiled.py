@@ -116,7 +116,11 @@ def test_graphs_within_capacity_do_not_recompile():
     system = fcc_argon_222()
     keep = np.sort(rng.choice(system.natoms, system.natoms - 3, replace=False))
     smaller = type(system)(
-        "smaller", system.positions[keep], system.cell, system.pbc, system.species[keep],
+        "smaller",
+        system.positions[keep],
+        system.cell,
+        system.pbc,
+        system.species[keep],
         system.elements,
     )
     graph2, comm2 = _graph(smaller, 5.0)
@@ -148,15 +152,22 @@ def test_padding_rows_are_inert():
     rij = torch.from_numpy(graph.rij).requires_grad_(True)
     pad_atoms, pad_pairs = 7, 11
     plain = potential(
-        LocalGraph(graph.nlocal, species, torch.from_numpy(graph.pair_i),
-                   torch.from_numpy(graph.pair_j), rij, comm)
+        LocalGraph(
+            graph.nlocal,
+            species,
+            torch.from_numpy(graph.pair_i),
+            torch.from_numpy(graph.pair_j),
+            rij,
+            comm,
+        )
     )
     (plain_grad,) = torch.autograd.grad(plain[: graph.nlocal].sum(), rij)
     index = torch.full((pad_pairs,), graph.ntotal)
     far = torch.zeros(pad_pairs, 3, dtype=torch.float64)
     far[:, 0] = 11.0
-    padded_comm = OwnerComm(np.concatenate([graph.owner, graph.ntotal + np.arange(pad_atoms)]),
-                            graph.nlocal)
+    padded_comm = OwnerComm(
+        np.concatenate([graph.owner, graph.ntotal + np.arange(pad_atoms)]), graph.nlocal
+    )
     padded = potential(
         LocalGraph(
             graph.nlocal,

@@ -85,7 +85,7 @@ def _capacity(count: int, headroom: float) -> int:
     return 64 * math.ceil((count * (1.0 + headroom) + 1) / 64)
 
 
-def _padded(t: torch.Tensor, rows: int, fill: float | int) -> torch.Tensor:
+def _padded(t: torch.Tensor, rows: int, fill: float) -> torch.Tensor:
     pad = t.new_full((rows - t.shape[0], *t.shape[1:]), fill)
     return torch.cat((t, pad))
 
