@@ -143,7 +143,7 @@ def worker(args: argparse.Namespace) -> None:
         atom_style atomic
         atom_modify map array
         read_data {args.data}
-        pair_style nvalchemi {args.model_file} strategy {args.strategy} device {args.device}
+        pair_style nvalchemi {args.model_file} strategy {args.strategy} device {args.device} compile {args.compile[0]}
         pair_coeff * * Ar Kr
         velocity all create 50 4928459 loop geom
         fix nve all nve
@@ -152,14 +152,18 @@ def worker(args: argparse.Namespace) -> None:
     """)
     spent[0] = modelled[0] = 0.0
     setup[0] = True
+    compiled_before = sessions[-1].compile_status()[0]
     start = time.perf_counter()
     lmp.command(f"run {args.steps}")
     elapsed = time.perf_counter() - start
+    status = sessions[-1].compile_status()
     # the loop alone (LAMMPS's "Loop time"), without the run's setup: its neighbor-list
     # build, topology upload and force call
     loop = float(_LOOP.findall(log.read_text())[-1])
     result = {"seconds": loop, "run_seconds": elapsed, "exchange": spent[0]}
     result["model"] = modelled[0]
+    if status[0] >= 0:  # graphs compiled during the timed run; capacities padded to
+        result["compiled"] = [status[0] - compiled_before, *status]
     if cuda:
         result["peak_bytes"] = torch.cuda.max_memory_allocated()  # of the last step
         result["model_bytes"] = memory["inputs"] + memory["model_extra"]
@@ -195,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument(
+        "--compile", nargs="+", default=["no"], help="pair_style ... compile MODE, each in turn"
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="a second run per case, timed by phase"
     )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
@@ -217,7 +224,13 @@ def main(argv: list[str] | None = None) -> int:
             data, natoms = crystal(atoms, LATTICE[args.model], tmp / f"c{atoms}.data")
             for ranks in args.ranks:
                 row = {"model": args.model, "atoms": natoms, "ranks": ranks}
-                for strategy in args.strategies:
+                cases = [(s, c) for s in args.strategies for c in args.compile]
+                for strategy_name, compile_mode in cases:
+                    strategy = (
+                        strategy_name
+                        if compile_mode == "no"
+                        else (f"{strategy_name}+compile-{compile_mode}")
+                    )
                     steps, shares, models, runs = [], [], [], []
                     for _ in range(args.repeats):
                         cmd = [
@@ -232,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
                             "--model-file",
                             str(model_file),
                             "--strategy",
-                            strategy,
+                            strategy_name,
+                            "--compile",
+                            compile_mode,
                             "--device",
                             args.device,
                             "--steps",
@@ -264,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
                             row[f"{strategy}_{key}_ms"] = {
                                 k: 1e3 * v for k, v in rank0[key].items()
                             }
+                    if "compiled" in rank0:
+                        # [during the timed run, in all, atom capacity, pair capacity]
+                        row[f"{strategy}_compiled"] = [r["compiled"] for r in ranks_out]
                     for key in ("peak_bytes", "model_bytes", "gpu_bytes"):
                         if key in rank0:
                             row[f"{strategy}_{key}"] = max(r[key] for r in ranks_out)
@@ -289,6 +307,14 @@ def main(argv: list[str] | None = None) -> int:
                         if f"{strategy}_{key}_ms" in row:
                             parts = row[f"{strategy}_{key}_ms"].items()
                             print(f"  {key}: " + ", ".join(f"{k} {v:.2f}" for k, v in parts))
+                    if f"{strategy}_compiled" in row:
+                        during = [c[0] for c in row[f"{strategy}_compiled"]]
+                        print(
+                            f"  torch.compile: graphs compiled during the {args.steps} timed "
+                            f"steps, per rank: {during}; capacities (atoms, pairs) per rank: "
+                            f"{[tuple(c[2:]) for c in row[f'{strategy}_compiled']]}",
+                            flush=True,
+                        )
                     if f"{strategy}_peak_bytes" in row:
                         print(
                             f"  GPU memory: step peak {row[f'{strategy}_peak_bytes'] / 2**30:.2f}"

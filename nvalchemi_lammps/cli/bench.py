@@ -16,7 +16,7 @@ The configuration (YAML, or TOML) names the model and the runs, e.g.
     atoms: [1000, 8000]
     elements: [Ar]                # one per LAMMPS type
     ranks: [1, 2, 4]
-    steps: 50                     # also: warmup, repeats, device, strategy, units,
+    steps: 50                     # also: warmup, repeats, device, strategy, compile, units,
                                   # timestep, temperature, threads, tolerance, types
                                   # (random; checkerboard: rock salt on an even sc lattice)
 
@@ -61,6 +61,7 @@ class BenchConfig:
     repeats: int = 3
     device: str = "cpu"
     strategy: str = "auto"
+    compile: str = "no"  # pair_style ... compile MODE
     units: str = "metal"
     timestep: float | None = None
     temperature: float = 300.0
@@ -135,7 +136,8 @@ def _setup_script(config: BenchConfig, data: Path, model: Path, masses: list[flo
         "atom_modify map array",
         f"read_data {data}",
         *(f"mass {k + 1} {m!r}" for k, m in enumerate(masses)),
-        f"pair_style nvalchemi {model} device {config.device} strategy {config.strategy}",
+        f"pair_style nvalchemi {model} device {config.device} strategy {config.strategy} "
+        f"compile {config.compile}",
         f"pair_coeff * * {' '.join(config.elements)}",
         f"timestep {dt!r}",
         f"velocity all create {config.temperature!r} 4928459 loop geom",

@@ -45,17 +45,22 @@ def _on_rows(operation: Any, src: torch.Tensor) -> torch.Tensor:
     return torch.cat((rows, src[_Active.ntotal :]))
 
 
-@torch.library.custom_op("nvalchemi_lammps::forward_exchange", mutates_args=())
+# never captured into a CUDA graph (mode reduce-overhead): a replay would skip the Python
+# that sends rows between ranks and would reuse the exchange plan of the capture
+_UNSAFE = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+
+
+@torch.library.custom_op("nvalchemi_lammps::forward_exchange", mutates_args=(), tags=_UNSAFE)
 def _forward_exchange(src: torch.Tensor) -> torch.Tensor:
     return _on_rows(_Active.comm.forward_exchange, src)
 
 
-@torch.library.custom_op("nvalchemi_lammps::reverse_exchange", mutates_args=())
+@torch.library.custom_op("nvalchemi_lammps::reverse_exchange", mutates_args=(), tags=_UNSAFE)
 def _reverse_exchange(src: torch.Tensor) -> torch.Tensor:
     return _on_rows(_Active.comm.reverse_exchange, src)
 
 
-@torch.library.custom_op("nvalchemi_lammps::allreduce", mutates_args=())
+@torch.library.custom_op("nvalchemi_lammps::allreduce", mutates_args=(), tags=_UNSAFE)
 def _allreduce(x: torch.Tensor) -> torch.Tensor:
     return _Active.comm.allreduce(x).clone()
 
