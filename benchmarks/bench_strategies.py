@@ -161,6 +161,7 @@ def worker(args: argparse.Namespace) -> None:
     # build, topology upload and force call
     loop = float(_LOOP.findall(log.read_text())[-1])
     result = {"seconds": loop, "run_seconds": elapsed, "exchange": spent[0]}
+    result["temperature"] = lmp.get_thermo("temp")  # at the end: did the crystal hold?
     result["model"] = modelled[0]
     if status[0] >= 0:  # graphs compiled during the timed run; capacities padded to
         result["compiled"] = [status[0] - compiled_before, *status]
@@ -307,11 +308,13 @@ def main(argv: list[str] | None = None) -> int:
                         if f"{strategy}_{key}_ms" in row:
                             parts = row[f"{strategy}_{key}_ms"].items()
                             print(f"  {key}: " + ", ".join(f"{k} {v:.2f}" for k, v in parts))
+                    row[f"{strategy}_final_temperature"] = rank0["temperature"]
                     if f"{strategy}_compiled" in row:
                         during = [c[0] for c in row[f"{strategy}_compiled"]]
                         print(
                             f"  torch.compile: graphs compiled during the {args.steps} timed "
-                            f"steps, per rank: {during}; capacities (atoms, pairs) per rank: "
+                            f"steps, per rank: {during}; final temperature "
+                            f"{rank0['temperature']:.1f} K; capacities (atoms, pairs) per rank: "
                             f"{[tuple(c[2:]) for c in row[f'{strategy}_compiled']]}",
                             flush=True,
                         )

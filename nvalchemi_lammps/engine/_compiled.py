@@ -104,7 +104,7 @@ class CompiledPotential(Potential):
         the same way when a graph outgrows them
     """
 
-    def __init__(self, potential: Potential, mode: str = "default", headroom: float = 0.1):
+    def __init__(self, potential: Potential, mode: str = "default", headroom: float = 0.2):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"compile mode must be one of {', '.join(MODES)}; got '{mode}'")
