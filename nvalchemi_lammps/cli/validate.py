@@ -355,6 +355,7 @@ class RunSetup:
     device: str
     steps: int
     seed: int
+    compile: str = "no"
 
 
 def lammps_script(setup: RunSetup) -> str:
@@ -370,7 +371,7 @@ def lammps_script(setup: RunSetup) -> str:
     lines += [f"mass {k + 1} {m!r}" for k, m in enumerate(setup.masses or [])]
     lines += [
         f"pair_style nvalchemi {_quoted(setup.model)} device {setup.device} "
-        + f"strategy {setup.strategy}",
+        + f"strategy {setup.strategy} compile {setup.compile}",
         f"pair_coeff * * {' '.join(setup.type_elements)}",
         "compute pe all pe/atom",
         "compute stress all stress/atom NULL virial",
@@ -665,6 +666,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="pair_style nvalchemi device: cpu, cuda, cuda:N (default cpu)",
     )
     parser.add_argument(
+        "--compile",
+        default="no",
+        metavar="MODE",
+        help="pair_style nvalchemi compile: no, yes or a torch.compile mode (default no)",
+    )
+    parser.add_argument(
         "--seed", type=int, default=1, help="seed of displacements, species, velocities (default 1)"
     )
     parser.add_argument(
@@ -758,6 +765,7 @@ def _prepare(args: argparse.Namespace, potential: Potential, workdir: Path) -> R
         device=args.device,
         steps=args.steps,
         seed=args.seed,
+        compile=args.compile,
     )
 
 
