@@ -3,8 +3,8 @@ padded to fixed capacities, through LAMMPS on 1, 2 and 4 ranks.
 
 The compiled model must equal the reference without LAMMPS to 1e-10 relative (message
 passing and MACE, ghost features exchanged inside the compiled forward and backward, a rank
-without atoms at 4 ranks), and an MD run with neighbor-list builds and atoms moving between
-ranks must compile nothing after its first step: the pair style's count says 0.
+without atoms at 4 ranks), and an MD run over many neighbor-list builds must compile nothing
+after its first step: the pair style's count says 0.
 """
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ import textwrap
 
 import numpy as np
 import pytest
-from lammps_helpers import NPROCS, PRESSURE, assert_matches_reference, print_results
+from lammps_helpers import (
+    NPROCS,
+    PRESSURE,
+    assert_matches_reference,
+    atoms_per_rank,
+    neighbor_list_builds,
+    print_results,
+)
 
 from nvalchemi_lammps import MessagePassing, save_model
 from nvalchemi_lammps.lammps_run import read_dump, read_results, run_lammps, write_lammps_data
@@ -90,6 +97,9 @@ def test_compiled_equals_reference(model, nprocs, tmp_path):
     ) + print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
     run = run_lammps(script, nprocs, tmp_path, timeout=900).check()
     assert COMPILED.search(run.output), "the pair style did not report its compilations"
+    if nprocs == 4:
+        owned = atoms_per_rank(run.output, "Nlocal")
+        assert owned and owned[-1][0] == 0, f"no rank was left without atoms: {owned}"
     atoms, glob = read_dump(tmp_path / "atoms.dump"), read_results(run.output)
     assert_matches_reference(f"{name}/compiled/np{nprocs}", atoms, glob, ref, cell)
 
@@ -119,7 +129,7 @@ def test_md_run_compiles_nothing_after_its_first_step(argon_data, tmp_path):
     )
     run = run_lammps(script, 2, tmp_path, timeout=900).check()
     counts = [tuple(map(int, m)) for m in COMPILED.findall(run.output)]
-    builds = [int(b) for b in re.findall(r"Neighbor list builds = (\d+)", run.output)]
+    builds = neighbor_list_builds(run.output)
     print(f"compiled graphs per run: {counts}; neighbor-list builds: {builds}")
     assert len(counts) == 2 and counts[0][0] >= 1
     assert builds[-1] >= 10, "the run rebuilt no neighbor lists: the test shows nothing"
