@@ -118,6 +118,10 @@ class CompiledPotential(Potential):
         #: graphs compiled so far (forward graphs; each brings its backward)
         self.compilations = 0
         self._comm = _TracedComm()
+        # compiled graphs are cached per function, for every instance and every capacity
+        # so far; past the limit (8 by default) torch would stop compiling
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, 64)
         self._compiled = torch.compile(
             self._energies, backend=self._backend, dynamic=False, fullgraph=True
         )
