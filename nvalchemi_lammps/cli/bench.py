@@ -5,7 +5,8 @@ against the first), then an NVT run timed after a warm-up. Reported per run: ms 
 (slowest rank, median over repeats), atom-steps/s, ns/day, and the step split into LAMMPS
 (neighbor lists, integration, communication of positions and forces), bridge (the plugin's
 copies between LAMMPS and torch), model (the potential's forward and backward without its
-collectives) and collectives (ghost exchanges and sums over ranks); peak memory per rank.
+collectives) and collectives (ghost exchanges and sums over ranks); peak memory per rank;
+with ``compile``, the graphs compiled during the timed steps.
 
 The configuration (YAML, or TOML) names the model and the runs, e.g.
 
@@ -136,8 +137,10 @@ def _setup_script(config: BenchConfig, data: Path, model: Path, masses: list[flo
         "atom_modify map array",
         f"read_data {data}",
         *(f"mass {k + 1} {m!r}" for k, m in enumerate(masses)),
-        f"pair_style nvalchemi {model} device {config.device} strategy {config.strategy} "
-        f"compile {config.compile}",
+        (
+            f"pair_style nvalchemi {model} device {config.device} "
+            f"strategy {config.strategy} compile {config.compile}"
+        ),
         f"pair_coeff * * {' '.join(config.elements)}",
         f"timestep {dt!r}",
         f"velocity all create {config.temperature!r} 4928459 loop geom",
@@ -190,6 +193,7 @@ class Row:
     peak_host_mib: float
     peak_gpu_mib: float | None
     force_difference: float  # max|F - F_first| / max|F_first| at step 0, by atom ID
+    compiled: int | None = None  # graphs compiled during the timed steps (compile), any rank
 
 
 def _row(config: BenchConfig, atoms: int, ranks: int, repeats: list[dict], first) -> Row:
@@ -206,6 +210,7 @@ def _row(config: BenchConfig, atoms: int, ranks: int, repeats: list[dict], first
     )
     dt = config.timestep or _TIMESTEP[config.units]
     gpu = [r["peak_gpu_mib"] for rep in repeats for r in rep if "peak_gpu_mib" in r]
+    compiled = [r["compiled"] for rep in repeats for r in rep if "compiled" in r]
     columns = ("fx", "fy", "fz")
     forces = np.stack([repeats[0][0]["step0"][c] for c in columns], axis=1)
     reference = np.stack([first[c] for c in columns], axis=1)
@@ -223,6 +228,7 @@ def _row(config: BenchConfig, atoms: int, ranks: int, repeats: list[dict], first
         peak_host_mib=max(r["peak_host_mib"] for rep in repeats for r in rep),
         peak_gpu_mib=max(gpu) if gpu else None,
         force_difference=float(np.abs(forces - reference).max()) / scale,
+        compiled=max(compiled) if compiled else None,
     )
 
 
@@ -235,10 +241,13 @@ def _progress(done: int, total: int, what: str) -> None:
 
 
 def format_rows(rows: list[Row]) -> list[str]:
+    """The table; with a compiled model, a last column of the graphs compiled during the
+    timed steps (0 when the capacities of the first steps held)."""
+    compiling = any(r.compiled is not None for r in rows)
     header = (
         f"{'atoms':>9} {'ranks':>5} {'ms/step':>9} {'atom-steps/s':>13} {'ns/day':>9} "
         f"{'lammps':>8} {'bridge':>8} {'model':>8} {'collect.':>8} {'MiB/rank':>9} "
-        f"{'dF(step0)':>10}"
+        f"{'dF(step0)':>10}" + (f" {'compiled':>8}" if compiling else "")
     )
     lines = [header]
     for r in rows:
@@ -247,6 +256,7 @@ def format_rows(rows: list[Row]) -> list[str]:
             f"{r.atoms:>9} {r.ranks:>5} {r.ms_per_step:>9.2f} {r.atom_steps_per_s:>13.4g} "
             f"{r.ns_per_day:>9.4g} {r.lammps_ms:>8.2f} {r.bridge_ms:>8.2f} {r.model_ms:>8.2f} "
             f"{r.collectives_ms:>8.2f} {memory:>9.0f} {r.force_difference:>10.1e}"
+            + (f" {r.compiled if r.compiled is not None else '-':>8}" if compiling else "")
         )
     return lines
 
