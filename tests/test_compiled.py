@@ -216,6 +216,19 @@ class _Plain(Potential):
         return graph.rij.new_zeros(graph.ntotal)
 
 
+def test_cuda_graphs_need_the_unsafe_tag(monkeypatch):
+    """Without torch's cudagraph_unsafe tag (torch < 2.9) a CUDA graph would capture the
+    exchanges: the modes with CUDA graphs are refused."""
+    from nvalchemi_lammps.engine import _compiled
+
+    monkeypatch.setattr(_compiled, "_CUDAGRAPH_UNSAFE", False)
+    potential = MessagePassing(["Ar"], cutoff=5.0, layers=2)
+    for mode in ("reduce-overhead", "max-autotune"):
+        with pytest.raises(ValueError, match=f"compile mode {mode} .CUDA graphs. needs torch"):
+            CompiledPotential(potential, mode=mode)
+    CompiledPotential(potential, mode="max-autotune-no-cudagraphs")
+
+
 def test_potential_without_compile_support_is_refused():
     with pytest.raises(ValueError, match="the plain model cannot be compiled"):
         CompiledPotential(_Plain())

@@ -45,22 +45,26 @@ def _on_rows(operation: Any, src: torch.Tensor) -> torch.Tensor:
     return torch.cat((rows, src[_Active.ntotal :]))
 
 
-# never captured into a CUDA graph (mode reduce-overhead): a replay would skip the Python
-# that sends rows between ranks and would reuse the exchange plan of the capture
-_UNSAFE = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+# Never captured into a CUDA graph (modes with CUDA graphs): a replay would skip the Python
+# that sends rows between ranks and would reuse the exchange plan of the capture. The tag
+# exists from torch 2.9; without it those modes are refused (CompiledPotential).
+_CUDAGRAPH_UNSAFE = hasattr(torch.Tag, "cudagraph_unsafe")
+_OPTIONS: dict[str, Any] = {"mutates_args": ()}
+if _CUDAGRAPH_UNSAFE:
+    _OPTIONS["tags"] = (torch.Tag.cudagraph_unsafe,)
 
 
-@torch.library.custom_op("nvalchemi_lammps::forward_exchange", mutates_args=(), tags=_UNSAFE)
+@torch.library.custom_op("nvalchemi_lammps::forward_exchange", **_OPTIONS)
 def _forward_exchange(src: torch.Tensor) -> torch.Tensor:
     return _on_rows(_Active.comm.forward_exchange, src)
 
 
-@torch.library.custom_op("nvalchemi_lammps::reverse_exchange", mutates_args=(), tags=_UNSAFE)
+@torch.library.custom_op("nvalchemi_lammps::reverse_exchange", **_OPTIONS)
 def _reverse_exchange(src: torch.Tensor) -> torch.Tensor:
     return _on_rows(_Active.comm.reverse_exchange, src)
 
 
-@torch.library.custom_op("nvalchemi_lammps::allreduce", mutates_args=(), tags=_UNSAFE)
+@torch.library.custom_op("nvalchemi_lammps::allreduce", **_OPTIONS)
 def _allreduce(x: torch.Tensor) -> torch.Tensor:
     return _Active.comm.allreduce(x).clone()
 
@@ -83,6 +87,13 @@ class _TracedComm(Comm):
 
     def allreduce(self, x: torch.Tensor) -> torch.Tensor:
         return _allreduce(x)
+
+
+def _options(mode: str) -> dict[str, Any]:
+    """Inductor's settings for a ``torch.compile`` mode."""
+    from torch._inductor import list_mode_options
+
+    return list_mode_options(mode)
 
 
 def _capacity(count: int, headroom: float) -> int:
@@ -108,6 +119,11 @@ class CompiledPotential(Potential):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"compile mode must be one of {', '.join(MODES)}; got '{mode}'")
+        if _options(mode).get("triton.cudagraphs") and not _CUDAGRAPH_UNSAFE:
+            raise ValueError(
+                f"compile mode {mode} (CUDA graphs) needs torch >= 2.9 to keep the ghost "
+                f"exchanges out of the graphs; this is torch {torch.__version__}"
+            )
         self.inner = potential.prepare_compile()
         self.name = potential.name
         self.spec = potential.spec
@@ -128,12 +144,10 @@ class CompiledPotential(Potential):
 
     def _backend(self, graph_module: torch.fx.GraphModule, inputs: list) -> Any:
         # inductor, as torch.compile(mode=...) would call it, counted
-        from torch._inductor import list_mode_options
         from torch._inductor.compile_fx import compile_fx
 
         self.compilations += 1
-        options = list_mode_options(self.mode)
-        return compile_fx(graph_module, inputs, config_patches=options)
+        return compile_fx(graph_module, inputs, config_patches=_options(self.mode))
 
     def config(self) -> dict[str, Any]:
         return self.inner.config()
