@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     for method in ("_forward", "_reverse", "_sum"):
         setattr(comm, method, timers.wrap("collectives", getattr(comm, method)))
 
-    memory: dict[str, float] = {}
+    measured: dict[str, float] = {}
     sessions = []  # the pair style's, to read its compile counter
     open_session = plugin.open_session
 
@@ -86,13 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - start
     compiled = sessions[-1].compile_status()[0]
     if compiled >= 0:  # graphs compiled during the timed steps
-        memory["compiled"] = compiled - compiled_before
+        measured["compiled"] = compiled - compiled_before
     me = lmp.extract_setting("world_rank")
-    memory["peak_host_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    measured["peak_host_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        memory["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        measured["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
     (run_file.parent / f"rank{me}.json").write_text(
-        json.dumps({"seconds": seconds, **timers.seconds, **memory})
+        json.dumps({"seconds": seconds, **timers.seconds, **measured})
     )
     lmp.finalize()  # MPI_Finalize on every rank: else hydra may kill ranks still exiting
     return 0
