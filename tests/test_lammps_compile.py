@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 from lammps_helpers import (
     NPROCS,
+    PER_ATOM,
     PRESSURE,
     assert_matches_reference,
     atoms_per_rank,
+    dump_commands,
     neighbor_list_builds,
     print_results,
 )
@@ -90,11 +92,10 @@ def test_compiled_equals_reference(model, nprocs, tmp_path):
         compute pe all pe/atom
         compute stress all stress/atom NULL virial
         thermo_style custom step pe {" ".join(PRESSURE)}
-        dump d all custom 1 atoms.dump id fx fy fz c_pe {" ".join(f"c_stress[{k}]" for k in range(1, 7))}
-        dump_modify d sort id format float "%.17g"
-        run 0
         """
-    ) + print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
+    )
+    script += dump_commands("d", "atoms.dump", [c for cs in PER_ATOM.values() for c in cs])
+    script += "run 0\n" + print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
     run = run_lammps(script, nprocs, tmp_path, timeout=900).check()
     assert COMPILED.search(run.output), "the pair style did not report its compilations"
     if nprocs == 4:
