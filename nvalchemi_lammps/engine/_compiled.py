@@ -146,8 +146,11 @@ class CompiledPotential(Potential):
         # inductor, as torch.compile(mode=...) would call it, counted
         from torch._inductor.compile_fx import compile_fx
 
+        compiled = compile_fx(graph_module, inputs, config_patches=_options(self.mode))
+        # counted once it succeeds: with a cold inductor cache, torch may abandon a first
+        # attempt (an exception that restarts the trace) and compile the frame again
         self.compilations += 1
-        return compile_fx(graph_module, inputs, config_patches=_options(self.mode))
+        return compiled
 
     def config(self) -> dict[str, Any]:
         return self.inner.config()
