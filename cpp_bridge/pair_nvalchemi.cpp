@@ -394,7 +394,7 @@ void PairNvalchemi::settings(int narg, char **arg)
   double total_charge = 0.0;
   int spin = -1;    // not given: the model's default
   std::string task; // likewise
-  std::string compile_mode = "no";
+  std::string compile_mode = "no", compiled; // compiled: what runs compiled, for the log
   int iarg = 1;
   while (iarg < narg) {
     if (strcmp(arg[iarg], "device") == 0) {
@@ -464,7 +464,7 @@ void PairNvalchemi::settings(int narg, char **arg)
   try {
     session->set_strategy(strategy);
     session->set_system_state(total_charge, spin, task);
-    session->set_compile(compile_mode);
+    compiled = session->set_compile(compile_mode);
   } catch (std::exception &err) {
     error->all(FLERR, "pair_style nvalchemi: {}", err.what());
   }
@@ -480,6 +480,7 @@ void PairNvalchemi::settings(int narg, char **arg)
       utils::logmesg(lmp, "pair_style nvalchemi: {} message-passing layers, {}\n", layers,
                      shell ? fmt::format("ghost shell of {} x cutoff, no exchange", layers)
                            : std::string("ghost features exchanged after each layer"));
+    if (!compiled.empty()) utils::logmesg(lmp, "pair_style nvalchemi: {}\n", compiled);
   }
 }
 

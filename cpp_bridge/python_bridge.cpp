@@ -363,12 +363,15 @@ void PythonSession::set_system_state(double charge, int spin, const std::string 
 
 /* ---------------------------------------------------------------------- */
 
-void PythonSession::set_compile(const std::string &mode)
+std::string PythonSession::set_compile(const std::string &mode)
 {
   GilLock gil;
-  PyRef done(
+  PyRef summary(
       PyObject_CallMethod(static_cast<PyObject *>(session_), "set_compile", "s", mode.c_str()));
-  if (!done) raise_python_error("");
+  if (!summary) raise_python_error("");
+  const char *text = PyUnicode_AsUTF8(summary.get());
+  if (!text) raise_python_error("set_compile: ");
+  return text;
 }
 
 /* ---------------------------------------------------------------------- */

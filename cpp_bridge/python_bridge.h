@@ -68,8 +68,9 @@ class PythonSession {
   // system, for models that take them
   void set_system_state(double charge, int spin, const std::string &task);
   // run the model under torch.compile in this mode ("default", "reduce-overhead", ...) on
-  // graphs padded to capacities with headroom, or not at all ("no")
-  void set_compile(const std::string &mode);
+  // graphs padded to capacities with headroom, or not at all ("no"); returns what runs
+  // compiled, for the log ("" for "no")
+  std::string set_compile(const std::string &mode);
   // graphs compiled so far (-1: not compiling) and the capacities padded to
   struct CompileStatus {
     long graphs, atoms, pairs;

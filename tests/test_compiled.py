@@ -9,9 +9,10 @@ import pytest
 import torch
 from _systems import decompose, decompose_shell, fcc_argon_222, lennard_jones, triclinic_ar_ne
 
-from nvalchemi_lammps import LocalGraph, MessagePassing, ModelSpec, Potential, evaluate
+from nvalchemi_lammps import LocalGraph, MessagePassing, ModelSpec, Pipeline, Potential, evaluate
 from nvalchemi_lammps.contract import Comm, NoOpComm, with_adjoint
-from nvalchemi_lammps.engine import CompiledPotential
+from nvalchemi_lammps.engine import CompiledPotential, compile_potential
+from nvalchemi_lammps.reference import evaluate_reference
 
 
 @pytest.fixture(autouse=True)
@@ -83,10 +84,17 @@ def _mace():
     return Mace.from_model(random_mace(), dtype="float64")
 
 
+def _dftd3():
+    from nvalchemi_lammps.potentials.dftd3 import DFTD3
+
+    return DFTD3(["Ar", "Ne"], cutoff=6.0, cn_cutoff=5.0)
+
+
 POTENTIALS = {
     "lennard_jones": lambda: lennard_jones(fcc_argon_222(), cutoff=6.0),
     "message_passing": lambda: MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, seed=3),
     "mace": _mace,
+    "dftd3": _dftd3,
 }
 
 
@@ -234,3 +242,34 @@ def test_potential_without_compile_support_is_refused():
         CompiledPotential(_Plain())
     with pytest.raises(ValueError, match="compile mode must be one of"):
         CompiledPotential(MessagePassing(["Ar"], cutoff=5.0, layers=2), mode="fast")
+
+
+def test_pipeline_compiles_term_by_term():
+    """A pipeline's terms with compile support are compiled one by one (the pipeline picks
+    their pairs eagerly); Ewald, without it, runs eagerly between them. The whole equals the
+    eager pipeline on the full periodic system."""
+    from test_pipeline import system, terms
+
+    pipeline = Pipeline(terms())
+    compiled = compile_potential(pipeline)
+    assert [type(t).__name__ for t in compiled.terms] == [
+        "CompiledPotential",
+        "CompiledPotential",
+        "Ewald",
+    ]
+    positions, cell, species = system(seed=2)
+    want = evaluate_reference(pipeline, positions, cell, (True, True, True), species)
+    got = evaluate_reference(compiled, positions, cell, (True, True, True), species)
+    assert got.energy == pytest.approx(want.energy, rel=1e-12)
+    scale = np.abs(want.forces).max()
+    assert np.abs(got.forces - want.forces).max() <= 1e-12 * scale
+    assert [t.compilations for t in compiled.terms[:2]] == [1, 1]
+
+
+def test_pipeline_without_compilable_terms_is_refused():
+    from test_pipeline import ewald
+
+    with pytest.raises(ValueError, match="no term of this pipeline can be compiled .ewald."):
+        compile_potential(Pipeline([ewald()]))
+    with pytest.raises(ValueError, match="compile mode must be one of"):
+        compile_potential(Pipeline([ewald()]), mode="fast")

@@ -97,6 +97,7 @@ def test_compiled_equals_reference(model, nprocs, tmp_path):
     script += dump_commands("d", "atoms.dump", [c for cs in PER_ATOM.values() for c in cs])
     script += "run 0\n" + print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
     run = run_lammps(script, nprocs, tmp_path, timeout=900).check()
+    assert f"pair_style nvalchemi: torch.compile (default): {potential.name}\n" in run.output
     assert COMPILED.search(run.output), "the pair style did not report its compilations"
     if nprocs == 4:
         owned = atoms_per_rank(run.output, "Nlocal")

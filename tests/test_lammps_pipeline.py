@@ -1,6 +1,6 @@
 """A pipeline (Lennard-Jones + a 2-layer message-passing term + Ewald with fixed charges)
-through ``pair_style nvalchemi`` on 1, 2 and 4 ranks, both strategies, against the same
-pipeline on the whole periodic system without LAMMPS; exported from a TOML file.
+through ``pair_style nvalchemi`` on 1, 2 and 4 ranks, both strategies and compiled, against
+the same pipeline on the whole periodic system without LAMMPS; exported from a TOML file.
 
 Per-atom stress is not compared: the reference's per-atom virial holds the pairwise part
 only, and Ewald's reciprocal part has no per-atom split.
@@ -71,7 +71,7 @@ def case(tmp_path_factory) -> tuple[Path, Path, object, np.ndarray]:
     return data, model, ref, cell
 
 
-def _run(data: Path, model: Path, nprocs: int, strategy: str, workdir: Path):
+def _run(data: Path, model: Path, nprocs: int, strategy: str, workdir: Path, compile="no"):
     workdir.mkdir(parents=True, exist_ok=True)
     script = textwrap.dedent(
         f"""\
@@ -79,7 +79,7 @@ def _run(data: Path, model: Path, nprocs: int, strategy: str, workdir: Path):
         atom_style atomic
         atom_modify map array
         read_data {data}
-        pair_style nvalchemi {model} strategy {strategy}
+        pair_style nvalchemi {model} strategy {strategy} compile {compile}
         pair_coeff * * {" ".join(ELEMENTS)}
         compute pe all pe/atom
         thermo_style custom step pe {" ".join(PRESSURE)}
@@ -89,13 +89,26 @@ def _run(data: Path, model: Path, nprocs: int, strategy: str, workdir: Path):
         """
     ) + print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
     run = run_lammps(script, nprocs, workdir, timeout=600).check()
-    return read_dump(workdir / "atoms.dump"), read_results(run.output)
+    return read_dump(workdir / "atoms.dump"), read_results(run.output), run.output
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
 def test_pipeline_equals_reference(case, nprocs, tmp_path):
     data, model, ref, cell = case
     for strategy in ("exchange", "shell"):
-        atoms, glob = _run(data, model, nprocs, strategy, tmp_path / strategy)
+        atoms, glob, _ = _run(data, model, nprocs, strategy, tmp_path / strategy)
         label = f"pipeline/{strategy}/np{nprocs}"
         assert_matches_reference(label, atoms, glob, ref, cell, stress=False)
+
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
+def test_compiled_pipeline_equals_reference(case, nprocs, tmp_path):
+    """``compile yes``: Lennard-Jones and the message-passing term compiled, each on its own
+    padded graph, Ewald eager between them; the same numbers."""
+    data, model, ref, cell = case
+    atoms, glob, log = _run(data, model, nprocs, "exchange", tmp_path, compile="yes")
+    summary = "torch.compile (default): lennard_jones, message_passing; eager: ewald"
+    assert summary in log, "the pair style did not say what it compiled"
+    assert "2 graph(s) compiled during this run" in log
+    label = f"pipeline/compiled/np{nprocs}"
+    assert_matches_reference(label, atoms, glob, ref, cell, stress=False)

@@ -96,6 +96,16 @@ def _options(mode: str) -> dict[str, Any]:
     return list_mode_options(mode)
 
 
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"compile mode must be one of {', '.join(MODES)}; got '{mode}'")
+    if _options(mode).get("triton.cudagraphs") and not _CUDAGRAPH_UNSAFE:
+        raise ValueError(
+            f"compile mode {mode} (CUDA graphs) needs torch >= 2.9 to keep the ghost "
+            f"exchanges out of the graphs; this is torch {torch.__version__}"
+        )
+
+
 def _capacity(count: int, headroom: float) -> int:
     # a multiple of 64 rows above count + headroom (at least one padding row)
     return 64 * math.ceil((count * (1.0 + headroom) + 1) / 64)
@@ -117,13 +127,7 @@ class CompiledPotential(Potential):
 
     def __init__(self, potential: Potential, mode: str = "default", headroom: float = 0.2):
         super().__init__()
-        if mode not in MODES:
-            raise ValueError(f"compile mode must be one of {', '.join(MODES)}; got '{mode}'")
-        if _options(mode).get("triton.cudagraphs") and not _CUDAGRAPH_UNSAFE:
-            raise ValueError(
-                f"compile mode {mode} (CUDA graphs) needs torch >= 2.9 to keep the ghost "
-                f"exchanges out of the graphs; this is torch {torch.__version__}"
-            )
+        _check_mode(mode)
         self.inner = potential.prepare_compile()
         self.name = potential.name
         self.spec = potential.spec
@@ -192,3 +196,35 @@ class CompiledPotential(Potential):
 
     def _energies(self, graph: LocalGraph) -> torch.Tensor:
         return self.inner(graph)
+
+
+def compile_potential(
+    potential: Potential, mode: str = "default", headroom: float = 0.2
+) -> Potential:
+    """``potential`` under ``torch.compile`` on padded graphs, a drop-in for it.
+
+    A potential is wrapped in a :class:`CompiledPotential`. A pipeline is compiled term by
+    term: it picks each term's pairs by their length, which no fixed-shape graph can do, so
+    that selection runs eagerly between compiled terms. Its terms without compile support
+    run eagerly too, and so does a term whose predicted charges feed another (the compiled
+    wrapper returns energies only).
+
+    :raises ValueError: an unknown mode, or nothing in ``potential`` can be compiled
+    """
+    from ..potentials.pipeline import Pipeline
+
+    _check_mode(mode)
+    if not isinstance(potential, Pipeline):
+        return CompiledPotential(potential, mode, headroom)
+    terms = []
+    for k, term in enumerate(potential.terms):
+        if k not in potential.charges_from:
+            try:
+                term = CompiledPotential(term, mode, headroom)
+            except ValueError:  # prepare_compile's refusal: this term stays eager
+                pass
+        terms.append(term)
+    if not any(isinstance(t, CompiledPotential) for t in terms):
+        names = ", ".join(t.name for t in terms)
+        raise ValueError(f"no term of this pipeline can be compiled ({names})")
+    return Pipeline(terms, potential.charges_from)

@@ -15,7 +15,7 @@ import torch
 
 from .._elements import map_elements
 from .._model_file import load_model
-from ..engine import CompiledPotential, evaluate
+from ..engine import CompiledPotential, compile_potential, evaluate
 from ._lammps_comm import ExchangePlan, LammpsComm
 
 
@@ -102,20 +102,34 @@ class PluginSession:
                     raise ValueError(f"the {self.potential.name} model takes no {keyword}")
         self.total_charge, self.spin, self.task = float(charge), spin_given, task_given
 
-    def set_compile(self, mode: str) -> None:
+    def set_compile(self, mode: str) -> str:
         """Run the model under ``torch.compile`` in ``mode`` on graphs padded to fixed
-        capacities (``pair_style ... compile MODE``), or eagerly (``no``)."""
+        capacities (``pair_style ... compile MODE``), or eagerly (``no``). Returns what runs
+        compiled, for LAMMPS's log ("" when nothing does)."""
         if mode == "no":
-            return
-        self.potential = CompiledPotential(self.potential, mode)
+            return ""
+        self.potential = compile_potential(self.potential, mode)
+        compiled = ", ".join(m.name for m in self._compiled())
+        terms = getattr(self.potential, "terms", ())  # a pipeline's
+        eager = [t.name for t in terms if not isinstance(t, CompiledPotential)]
+        return f"torch.compile ({mode}): {compiled}" + (
+            f"; eager: {', '.join(eager)}" if eager else ""
+        )
 
     def compile_status(self) -> tuple[int, int, int]:
-        """Graphs compiled so far (-1 when not compiling) and the atom and pair capacities
-        graphs are padded to."""
-        model = self.potential
-        if not isinstance(model, CompiledPotential):
+        """Graphs compiled so far (-1 when not compiling), the atom capacity graphs are
+        padded to and the pair capacity (summed over a pipeline's compiled terms)."""
+        compiled = self._compiled()
+        if not compiled:
             return -1, 0, 0
-        return model.compilations, model.atom_capacity, model.pair_capacity
+        return (
+            sum(m.compilations for m in compiled),
+            max(m.atom_capacity for m in compiled),
+            sum(m.pair_capacity for m in compiled),
+        )
+
+    def _compiled(self) -> list[CompiledPotential]:
+        return [m for m in self.potential.modules() if isinstance(m, CompiledPotential)]
 
     def map_types(self, names: list[str]) -> list[int]:
         return map_elements(names, self.potential.spec.elements)

@@ -325,6 +325,10 @@ class DFTD3(Potential):
             raise ValueError(str(err)) from None
         return cls(**config, reference=reference)
 
+    def prepare_compile(self) -> Potential:
+        # NULL atoms and pairs beyond both cutoffs are masked already
+        return self
+
     def coordination_numbers(self, graph: LocalGraph) -> torch.Tensor:
         """``(ntotal,)`` CN of every row from its own pairs (complete for owned atoms)."""
         si, sj = graph.species[graph.pair_i], graph.species[graph.pair_j]
