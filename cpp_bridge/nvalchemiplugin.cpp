@@ -6,7 +6,10 @@
 ------------------------------------------------------------------------- */
 
 #include "lammps.h"
+#include "library.h"
 #include "pair_nvalchemi.h"
+
+#include <cstdio>
 
 extern "C" {
 typedef void *(lammpsplugin_factory1)(void *);
@@ -27,7 +30,8 @@ typedef struct {
 
 typedef void (*lammpsplugin_regfunc)(lammpsplugin_t *, void *);
 
-void lammpsplugin_init(void *lmp, void *handle, void *regfunc);
+__attribute__((visibility("default"))) void lammpsplugin_init(void *lmp, void *handle,
+                                                            void *regfunc);
 }
 
 using namespace LAMMPS_NS;
@@ -41,6 +45,20 @@ static Pair *nvalchemi_creator(LAMMPS *lmp)
 
 void lammpsplugin_init(void *lmp, void *handle, void *regfunc)
 {
+  // In another LAMMPS version than the one it was compiled against, the pair style's C++
+  // classes need not match that LAMMPS's (a crash at the first step): stay out, saying
+  // why. Asked through LAMMPS's C library interface, which is the same in every version.
+  const int running = lammps_version(lmp);
+  if (running != NVALCHEMI_LAMMPS_BUILT_FOR_NUMBER) {
+    if (lammps_extract_setting(lmp, "world_rank") == 0)
+      fprintf(stderr,
+              "WARNING: pair_style nvalchemi not loaded: this nvalchemiplugin.so was compiled "
+              "for LAMMPS %s (%d), this is LAMMPS %d; compile it against this LAMMPS "
+              "(README: A LAMMPS you built yourself)\n",
+              NVALCHEMI_LAMMPS_BUILT_FOR, NVALCHEMI_LAMMPS_BUILT_FOR_NUMBER, running);
+    return;
+  }
+
   lammpsplugin_t plugin;
   auto register_plugin = (lammpsplugin_regfunc) regfunc;
 

@@ -114,7 +114,8 @@ void start_python()
   if (PyStatus_Exception(status))
     throw PythonError(std::string("cannot start Python ") + executable + ": " +
                       (status.err_msg ? status.err_msg : "unknown error"));
-  PyEval_SaveThread();    // release the GIL; every entry takes it with GilLock
+  // The main thread keeps the GIL (GilLock nests), as LAMMPS's PYTHON package does: in a
+  // LAMMPS that has it, its Py_Finalize() at exit runs on the main thread and needs it.
 }
 
 PyObject *writable_view(const void *data, size_t nbytes)

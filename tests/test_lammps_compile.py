@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 import textwrap
 
-import numpy as np
 import pytest
+from _systems import ar_ne_slab
 from lammps_helpers import (
     NPROCS,
     PER_ATOM,
@@ -31,22 +31,7 @@ from nvalchemi_lammps.reference import evaluate_reference
 
 pytestmark = pytest.mark.lammps
 
-FCC = np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.5]])
 COMPILED = re.compile(r"torch\.compile: (\d+) graph\(s\) compiled during this run, (\d+) in all")
-
-
-def _slab(seed: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """3x3x2 fcc cells (a = 4.1) in the lower 40 % of a tall box: at 4 ranks along z the
-    top ranks own nothing."""
-    rng = np.random.default_rng(seed)
-    cells = np.array([3, 3, 2])
-    grid = np.array(np.meshgrid(*map(np.arange, cells), indexing="ij")).reshape(3, -1).T
-    frac = (grid[:, None, :] + FCC[None]).reshape(-1, 3) / cells
-    cell = np.diag(cells * 4.1).astype(np.float64)
-    positions = frac @ cell + rng.normal(0.0, 0.12, size=frac.shape) + [0.0, 0.0, 1.0]
-    cell[2, 2] *= 2.5
-    species = (rng.random(len(frac)) < 0.35).astype(np.int64)
-    return positions, cell, species
 
 
 def _mace():
@@ -77,7 +62,7 @@ def model(request, tmp_path_factory):
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
 def test_compiled_equals_reference(model, nprocs, tmp_path):
     name, potential, path, elements = model
-    positions, cell, species = _slab()
+    positions, cell, species = ar_ne_slab()
     ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
     data = write_lammps_data(tmp_path / "slab.data", positions, cell, species + 1, [39.948, 20.18])
     script = textwrap.dedent(

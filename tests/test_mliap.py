@@ -9,13 +9,12 @@ Without an ML-IAP LAMMPS, ``compute_forces`` runs on the stand-ins of ``mliap_st
 
 Either way the ML-IAP path must give the plugin path's energies, per-atom energies and pair
 forces to 1e-12 relative, and, applied as LAMMPS applies them, the single-process reference.
-A test at the end loads the file into a real ML-IAP LAMMPS when one is importable.
+tests/test_lammps_mliap.py runs the model file in a real LAMMPS with ML-IAP.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import pickle
 import re
 import subprocess
@@ -586,105 +585,3 @@ def test_recorded_lammps_pairs(recorded, model, kind, structure, nprocs, process
     potential = open_session(str(path), 1).potential
     ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
     assert_folds_to_reference(label, states, [g.owner for g in graphs], natoms, ref)
-
-
-# --- a real ML-IAP LAMMPS, where this environment has one -----------------------------------
-
-PROBE = textwrap.dedent(
-    """\
-    import json, sys
-    report = {}
-    try:
-        import lammps
-        lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
-        report = dict(mliap=lmp.has_style("pair", "mliap"), python=lmp.has_package("PYTHON"),
-                      kokkos=lmp.has_package("KOKKOS"))
-        if report["mliap"] and report["python"]:
-            import lammps.mliap
-            lammps.mliap.activate_mliappy(lmp)
-            report["activated"] = True
-        lmp.close()
-    except Exception as err:
-        report["error"] = f"{type(err).__name__}: {err}"
-    print(json.dumps(report))
-    """
-)
-
-REAL_RUN = textwrap.dedent(
-    """\
-    import sys
-    import numpy as np
-    import lammps, lammps.mliap
-    from nvalchemi_lammps.frontends.mliap import MLIAPModel
-
-    model, data_file, how = sys.argv[1:4]
-    lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
-    lammps.mliap.activate_mliappy(lmp)
-    if how == "python":  # lammps.mliap.load_unified + the file name EXISTS
-        lammps.mliap.load_unified(MLIAPModel.from_file(model))
-        model = "EXISTS"
-    for command in ["units metal", "atom_style atomic", "atom_modify map array", "newton on",
-                    f"read_data {data_file}",
-                    f"pair_style mliap unified {model} 0", "pair_coeff * * Ar Ne",
-                    "compute pe all pe/atom", "run 0"]:
-        lmp.command(command)
-    nlocal = lmp.extract_setting("nlocal")
-    ids = np.array(lmp.numpy.extract_atom("id")[:nlocal])
-    f = np.array(lmp.numpy.extract_atom("f")[:nlocal])
-    pe = np.array(lmp.numpy.extract_compute("pe", 1, 1)[:nlocal])
-    np.savez(f"real-{how}.rank{lmp.extract_setting('world_rank')}.npz", ids=ids, f=f, pe=pe,
-             energy=lmp.get_thermo("pe"))
-    lmp.close()
-    """
-)
-
-
-@pytest.fixture(scope="module")
-def real_mliap(tmp_path_factory) -> Path:
-    """A working directory, if this environment's LAMMPS has ML-IAP with Python."""
-    workdir = tmp_path_factory.mktemp("real-mliap")
-    env = {"LD_LIBRARY_PATH": str(Path(sys.executable).parent.parent / "lib")}
-    run = run_command([sys.executable, "-c", PROBE], workdir, timeout=300, env=env)
-    try:
-        report = json.loads(run.output.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        report = {"error": run.output[-500:]}
-    if not report.get("activated"):
-        pytest.skip(
-            "this environment's LAMMPS cannot run pair_style mliap unified (needs ML-IAP "
-            f"with PYTHON, built as in docs/mliap.md): {report}"
-        )
-    return workdir
-
-
-@pytest.mark.lammps
-@pytest.mark.parametrize("how", ["file", "python"])
-def test_real_mliap_lammps(real_mliap, model_files, how):
-    """``pair_style mliap unified model.pt 0`` (LAMMPS's torch.load) and
-    ``lammps.mliap.load_unified`` against the reference, per atom by ID, on one rank."""
-    paths = model_files
-    positions, cell, species = _structure("bulk")
-    data = write_lammps_data(
-        real_mliap / "bulk.data", positions, cell, species + 1, [39.948, 20.1797]
-    )
-    (real_mliap / "run.py").write_text(REAL_RUN)
-    env = {"LD_LIBRARY_PATH": str(Path(sys.executable).parent.parent / "lib")}
-    run_command(
-        [sys.executable, "run.py", str(paths["lj"]), data.name, how],
-        real_mliap,
-        timeout=600,
-        env=env,
-    ).check()
-    got = np.load(real_mliap / f"real-{how}.rank0.npz")
-    potential = open_session(str(paths["lj"]), 1).potential
-    ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
-    order = np.argsort(got["ids"])
-    assert_all_close(
-        f"real-mliap-{how}",
-        {
-            "energy": (np.array([float(got["energy"])]), np.array([ref.energy])),
-            "forces": (got["f"][order], ref.forces),
-            "atom_energies": (got["pe"][order], ref.atom_energies),
-        },
-        tol=REFERENCE,
-    )

