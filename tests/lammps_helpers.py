@@ -10,6 +10,7 @@ at the end of the run.
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,6 +102,28 @@ def dump_commands(name: str, filename: str, columns: list[str]) -> str:
         f"dump {name} all custom 1 {filename} id {' '.join(columns)}\n"
         f'dump_modify {name} sort id format float "%.17g"\n'
     )
+
+
+def comparison_script(data: str, pair_style: str, elements: str, processors: str = "") -> str:
+    """A ``run 0`` (metal units, ``atom_style atomic``) that writes what
+    :func:`assert_matches_reference` reads: the per-atom dump ``atoms.dump`` and the printed
+    energy and pressure."""
+    script = textwrap.dedent(
+        f"""\
+        units metal
+        atom_style atomic
+        atom_modify map array
+        {processors}
+        read_data {data}
+        pair_style {pair_style}
+        pair_coeff * * {elements}
+        compute pe all pe/atom
+        compute stress all stress/atom NULL virial
+        thermo_style custom step pe {" ".join(PRESSURE)}
+        """
+    )
+    script += dump_commands("d", "atoms.dump", [c for cs in PER_ATOM.values() for c in cs])
+    return script + "run 0\n" + print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
 
 
 def print_results(tag: str, names: dict[str, str]) -> str:

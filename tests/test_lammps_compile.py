@@ -16,13 +16,10 @@ import pytest
 from _systems import ar_ne_slab
 from lammps_helpers import (
     NPROCS,
-    PER_ATOM,
-    PRESSURE,
     assert_matches_reference,
     atoms_per_rank,
-    dump_commands,
+    comparison_script,
     neighbor_list_builds,
-    print_results,
 )
 
 from nvalchemi_lammps import MessagePassing, save_model
@@ -65,22 +62,8 @@ def test_compiled_equals_reference(model, nprocs, tmp_path):
     positions, cell, species = ar_ne_slab()
     ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
     data = write_lammps_data(tmp_path / "slab.data", positions, cell, species + 1, [39.948, 20.18])
-    script = textwrap.dedent(
-        f"""\
-        units metal
-        atom_style atomic
-        atom_modify map array
-        processors 1 1 {nprocs}
-        read_data {data.name}
-        pair_style nvalchemi {path} compile yes
-        pair_coeff * * {elements}
-        compute pe all pe/atom
-        compute stress all stress/atom NULL virial
-        thermo_style custom step pe {" ".join(PRESSURE)}
-        """
-    )
-    script += dump_commands("d", "atoms.dump", [c for cs in PER_ATOM.values() for c in cs])
-    script += "run 0\n" + print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
+    style = f"nvalchemi {path} compile yes"
+    script = comparison_script(data.name, style, elements, f"processors 1 1 {nprocs}")
     run = run_lammps(script, nprocs, tmp_path, timeout=900).check()
     assert f"pair_style nvalchemi: torch.compile (default): {potential.name}\n" in run.output
     assert COMPILED.search(run.output), "the pair style did not report its compilations"

