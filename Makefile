@@ -70,6 +70,7 @@ $(UMA_PACKAGE_STAMP): $(UMA_DEPS_STAMP) $(PACKAGE_SOURCES)
 	touch $@
 
 # without network access to Debian the build leaves a note and those tests skip, saying why
+# (rm -rf .lammps-mliap to try again)
 $(MLIAP_STAMP): $(DEPS_STAMP) tools/build_lammps_mliap.sh
 	bash tools/build_lammps_mliap.sh $(MLIAP_LAMMPS) $(VENV)
 	touch $@

