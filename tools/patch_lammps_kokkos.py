@@ -1,0 +1,71 @@
+"""Route ML-IAP's feature exchanges through KOKKOS's device communication (idempotent).
+
+    python tools/patch_lammps_kokkos.py LAMMPS_SRC
+
+``data.forward_exchange``/``reverse_exchange`` (KOKKOS ML-IAP, used by message-passing
+models) call ``comm->forward_comm(this)`` on buffers in GPU memory. When MPI is not
+GPU-aware and more than one rank runs (or with ``pair/only on``), KokkosLMP forces the
+pair communication onto the legacy host path (src/KOKKOS/kokkos.cpp), CommBrick calls
+PairMLIAPKokkos's host ``pack_forward_comm``, which reads the GPU buffer from the host: a
+segmentation fault (docs/kokkos.md has the reproducer). The device path already stages
+its MPI buffers through the host when MPI is not GPU-aware, so the exchanges of a pair
+style running on the GPU take it always. Without the original text (a LAMMPS that fixed
+this itself) each edit is skipped and said so.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from patch_kokkos import apply
+
+DECLARATION = "  void reverse_comm(class Pair *, int size = 0) override;     // reverse comm from a Pair\n"
+DEFINITION_ANCHOR = "/* ---------------------------------------------------------------------- */\n\nvoid CommKokkos::grow_buf_pair(int n) {"
+FORWARD_CALL = "  //call comm\n  comm->forward_comm(this);\n"
+REVERSE_CALL = "  comm->reverse_comm(this);\n"
+INCLUDE = '#include "pair_mliap_kokkos.h"\n'
+
+EDITS = {
+    "src/KOKKOS/comm_kokkos.h": {
+        DECLARATION: DECLARATION
+        + "  void forward_comm_on_device(class Pair *, int size = 0);    // device path, any MPI\n"
+        + "  void reverse_comm_on_device(class Pair *, int size = 0);    // device path, any MPI\n",
+    },
+    "src/KOKKOS/comm_kokkos.cpp": {
+        DEFINITION_ANCHOR: """/* ----------------------------------------------------------------------
+   pair comm on the device also where MPI is not GPU-aware (the buffers are staged
+   through the host then): for pair styles whose buffers live in device memory only
+------------------------------------------------------------------------- */
+
+void CommKokkos::forward_comm_on_device(Pair *pair, int size)
+{
+  k_sendlist.sync_device();
+  forward_comm_device<LMPDeviceType>(pair, size);
+}
+
+void CommKokkos::reverse_comm_on_device(Pair *pair, int size)
+{
+  k_sendlist.sync_device();
+  reverse_comm_device<LMPDeviceType>(pair, size);
+}
+
+"""
+        + DEFINITION_ANCHOR,
+    },
+    "src/KOKKOS/pair_mliap_kokkos.cpp": {
+        INCLUDE: INCLUDE + '#include "comm_kokkos.h"\n',
+        FORWARD_CALL: """  // copy_to is device memory: never the host pack of the legacy pair comm
+  auto commKK = dynamic_cast<CommKokkos *>(comm);
+  if (commKK && execution_space == Device) commKK->forward_comm_on_device(this);
+  else comm->forward_comm(this);
+""",
+        REVERSE_CALL: """  auto commKK = dynamic_cast<CommKokkos *>(comm);
+  if (commKK && execution_space == Device) commKK->reverse_comm_on_device(this);
+  else comm->reverse_comm(this);
+""",
+    },
+}
+
+if __name__ == "__main__":
+    apply(Path(sys.argv[1]), EDITS)
