@@ -1,0 +1,387 @@
+"""``pair_style mliap unified`` in a KOKKOS LAMMPS on NVIDIA GPUs: exact, and how fast.
+
+Here, where mace-torch and aimnet are installed (CPU is enough):
+
+    python benchmarks/kokkos_mliap.py prepare DIR
+
+writes model files, LAMMPS data files and single-process references (float64 and float32,
+computed without LAMMPS) into DIR. On the GPU machine, with a LAMMPS built by
+``tools/build_lammps_kokkos.sh`` at PREFIX:
+
+    python benchmarks/kokkos_mliap.py check DIR --lammps PREFIX [--gpus 2]
+    python benchmarks/kokkos_mliap.py bench DIR --lammps PREFIX --atoms 1000 20000 100000
+
+``check`` runs every model ML-IAP can run (Lennard-Jones, a 3-layer message-passing
+model, MACE float64 and float32, DFT-D3) with ``-k on g N -sf kk -pk kokkos newton on neigh
+half`` on 1 rank, 2 ranks on one GPU, 2 ranks on 2 GPUs and 2 ranks of which one owns no
+atoms, and compares energy, per-atom energies, forces, pressure and per-atom stress with
+the reference by atom ID (1e-10 relative in float64, 1e-5 in float32); then 200 NVE steps
+of the message-passing model on 2 ranks against 1 rank. ``bench`` times the random MACE of
+docs/performance.md (float32) through this project's model file and through mace-torch's
+own ML-IAP class ``LAMMPS_MLIAP_MACE`` (same weights, same LAMMPS, same structure) and
+compares their forces by atom ID. Both print a table and write JSON next to DIR; ``check``
+exits 1 if any comparison fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import statistics
+import sys
+import textwrap
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
+
+from lammps_helpers import (  # noqa: E402
+    GLOBAL,
+    PER_ATOM,
+    atoms_per_rank,
+    comparison_script,
+    per_atom,
+    relative_difference,
+)
+
+from nvalchemi_lammps.lammps_run import (  # noqa: E402
+    LammpsRun,
+    read_dump,
+    read_results,
+    run_command,
+    write_lammps_data,
+)
+
+KOKKOS = ["-k", "on", "g", "{gpus}", "-sf", "kk", "-pk", "kokkos", "newton", "on", "neigh", "half"]
+TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
+_LOOP = re.compile(r"^Loop time of (\S+) on \d+ procs for (\d+) steps", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model on one structure: ``DIR/<name>.pt`` on ``DIR/<structure>.data``."""
+
+    name: str
+    structure: str
+    elements: str
+    dtype: str
+
+
+CASES = [
+    Case("lj", "ar_ne", "Ar Ne", "float64"),
+    Case("mpnn", "ar_ne", "Ar Ne", "float64"),
+    Case("mace64", "ar_kr", "Ar Kr", "float64"),
+    Case("mace32", "ar_kr", "Ar Kr", "float32"),
+    Case("d3", "cho", "C H O", "float64"),
+]
+
+#: (label, ranks, GPUs, processors grid): the slabs fill the lower 40 % of their box, so
+#: splitting along z leaves the upper rank without atoms.
+RUNS = [
+    ("1 rank", 1, 1, ""),
+    ("2 ranks 1 GPU", 2, 1, "processors 2 1 1"),
+    ("2 ranks 2 GPUs", 2, 2, "processors 2 1 1"),
+    ("2 ranks, one empty", 2, 2, "processors 1 1 2"),
+]
+
+
+# ----------------------------------------------------------------------------- prepare
+
+
+def prepare(out: Path) -> None:
+    """Model files, data files and single-process references (no LAMMPS) into ``out``."""
+    import torch
+    from _mace_models import random_mace
+    from _systems import ar_ne_slab
+    from test_lammps_dftd3 import random_slab
+
+    from nvalchemi_lammps import LennardJones, MessagePassing, save_model
+    from nvalchemi_lammps.potentials.dftd3 import DFTD3
+    from nvalchemi_lammps.potentials.mace import Mace
+    from nvalchemi_lammps.reference import evaluate_reference
+
+    out.mkdir(parents=True, exist_ok=True)
+    positions, cell, species = ar_ne_slab()
+    structures = {
+        "ar_ne": (positions, cell, species, [39.948, 20.1797]),
+        "ar_kr": (positions, cell, species, [39.948, 83.798]),
+        "cho": (*random_slab(), [12.011, 1.008, 15.999]),
+    }
+    for name, (pos, box, spec, masses) in structures.items():
+        write_lammps_data(out / f"{name}.data", pos, box, spec + 1, masses)
+    mace = random_mace()
+    potentials = {
+        "lj": LennardJones(["Ar", "Ne"], {"Ar": 0.0104, "Ne": 0.00312},
+                           {"Ar": 3.40, "Ne": 2.74}, cutoff=6.0),
+        "mpnn": MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3),
+        "mace64": Mace.from_model(mace, dtype="float64"),
+        "mace32": Mace.from_model(mace, dtype="float32"),
+        "d3": DFTD3(["C", "H", "O"], 12.0, 8.0, functional="pbe"),
+    }
+    for case in CASES:
+        potential = potentials[case.name].eval()
+        save_model(potential, out / f"{case.name}.pt")
+        pos, box, spec, _ = structures[case.structure]
+        ref = evaluate_reference(potential, pos, box, (True, True, True), spec)
+        volume = abs(float(np.linalg.det(box)))
+        tensor = ref.pressure(volume, units="metal")
+        np.savez(
+            out / f"{case.name}.ref.npz",
+            energy=ref.energy,
+            atom_energies=ref.atom_energies,
+            forces=ref.forces,
+            pressure=tensor[[0, 1, 2, 0, 0, 1], [0, 1, 2, 1, 2, 2]],
+            atom_virials=ref.atom_virials,
+        )
+    # mace-torch's own ML-IAP class on the same weights: what `mace_create_lammps_model
+    # --format=mliap` writes, less its conversion to cuEquivariance (not installed there)
+    from mace.calculators.lammps_mliap_mace import LAMMPS_MLIAP_MACE
+
+    for dtype, name in ((torch.float64, "mace64_own"), (torch.float32, "mace32_own")):
+        model = copy.deepcopy(mace).to(dtype)
+        model.lammps_mliap = True
+        torch.save(LAMMPS_MLIAP_MACE(model), out / f"{name}.pt")
+    print(f"prepared {sorted(p.name for p in out.iterdir())}")
+
+
+# ----------------------------------------------------------------------------- running
+
+
+@dataclass(frozen=True)
+class Lammps:
+    """A KOKKOS LAMMPS from tools/build_lammps_kokkos.sh and how to start it."""
+
+    prefix: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        lib = next(self.prefix.glob("install/lib*/liblammps.so")).parent
+        return {
+            "LD_LIBRARY_PATH": f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}",
+            "PYTHONPATH": f"{self.prefix / 'python'}:{ROOT}:{os.environ.get('PYTHONPATH', '')}",
+            "OMPI_ALLOW_RUN_AS_ROOT": "1",
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        }
+
+    def run(self, script: str, ranks: int, gpus: int, workdir: Path) -> LammpsRun:
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "in.lammps").write_text(script)
+        kokkos = [a.format(gpus=gpus) for a in KOKKOS]
+        cmd = ["mpirun", "--oversubscribe", "-np", str(ranks),
+               str(self.prefix / "install" / "bin" / "lmp"), *kokkos, "-in", "in.lammps"]
+        return run_command(cmd, workdir, timeout=600, env=self.env)
+
+
+@dataclass
+class Row:
+    model: str
+    run: str
+    worst: str
+    relative: float
+    passed: bool
+    detail: str = ""
+
+
+def compare(case: Case, run: LammpsRun, ref: dict) -> tuple[str, float]:
+    """The largest relative difference from the reference over every quantity."""
+    atoms, results = read_dump(run.workdir / "atoms.dump"), read_results(run.output)
+    from nvalchemi_lammps.reference import NKTV2P
+
+    pairs = {
+        "energy": ([results["pe"]], [float(ref["energy"])]),
+        "energy_per_atom": (atoms["c_pe"], ref["atom_energies"]),
+        "force": (per_atom(atoms, PER_ATOM["force"]), ref["forces"]),
+        "pressure": ([results[p] for p in GLOBAL["pressure"]], ref["pressure"]),
+        "stress_per_atom": (
+            per_atom(atoms, PER_ATOM["stress_per_atom"]),
+            -NKTV2P["metal"] * ref["atom_virials"],
+        ),
+    }
+    diffs = {q: relative_difference(q, np.asarray(g), np.asarray(r)).relative
+             for q, (g, r) in pairs.items()}
+    worst = max(diffs, key=diffs.get)
+    return worst, diffs[worst]
+
+
+def check(data: Path, lammps: Lammps, gpus: int) -> list[Row]:
+    rows = []
+    for case in CASES:
+        ref = dict(np.load(data / f"{case.name}.ref.npz"))
+        for label, ranks, ngpu, processors in RUNS:
+            if ngpu > gpus:
+                continue
+            workdir = data / "runs" / case.name / label.replace(" ", "_").replace(",", "")
+            script = comparison_script(
+                str(data / f"{case.structure}.data"),
+                f"mliap unified {data / case.name}.pt 0",
+                case.elements,
+                processors,
+            )
+            run = lammps.run(script, ranks, ngpu, workdir)
+            if run.returncode != 0:
+                tail = " | ".join(run.output.strip().splitlines()[-4:])
+                rows.append(Row(case.name, label, "crash", float("nan"), False, tail[-300:]))
+                continue
+            worst, rel = compare(case, run, ref)
+            owned = atoms_per_rank(run.output)[-1]
+            empty = "empty" not in label or owned[0] == 0  # the case it is named for
+            detail = "" if empty else f"no rank was left without atoms: {owned}"
+            rows.append(Row(case.name, label, worst, rel, empty and rel <= TOLERANCE[case.dtype],
+                            detail))
+            print(f"{case.name:7s} {label:20s} {worst:16s} {rel:.2e}", flush=True)
+    rows += nve(data, lammps, gpus)
+    return rows
+
+
+def nve_script(data: Path, model: str, processors: str, steps: int) -> str:
+    return textwrap.dedent(
+        f"""\
+        units metal
+        atom_style atomic
+        atom_modify map array
+        {processors}
+        read_data {data}
+        replicate 2 2 1
+        pair_style mliap unified {model} 0
+        pair_coeff * * Ar Ne
+        velocity all create 300.0 4928 mom yes rot yes
+        fix 1 all nve
+        thermo_style custom step pe ke etotal
+        thermo {steps}
+        run {steps}
+        write_dump all custom final.dump id x y z vx vy vz modify sort id format float %.17g
+        print "RESULT etotal $(etotal:%.17g) pe $(pe:%.17g)"
+        """
+    )
+
+
+def nve(data: Path, lammps: Lammps, gpus: int, steps: int = 200) -> list[Row]:
+    """200 NVE steps of the message-passing model: 2 ranks (1 and 2 GPUs) = 1 rank."""
+    runs = {}
+    for label, ranks, ngpu, processors in RUNS[:3]:
+        if ngpu > gpus:
+            continue
+        workdir = data / "runs" / "nve" / label.replace(" ", "_")
+        script = nve_script(data / "ar_ne.data", str(data / "mpnn.pt"), processors, steps)
+        runs[label] = lammps.run(script, ranks, ngpu, workdir)
+    base = runs.pop("1 rank")
+    rows = []
+    for label, run in runs.items():
+        if run.returncode != 0 or base.returncode != 0:
+            tail = " | ".join((run if run.returncode else base).output.splitlines()[-4:])
+            rows.append(Row("mpnn NVE", label, "crash", float("nan"), False, tail[-300:]))
+            continue
+        got, ref = read_dump(run.workdir / "final.dump"), read_dump(base.workdir / "final.dump")
+        diffs = {
+            "positions": relative_difference("x", per_atom(got, ["x", "y", "z"]),
+                                             per_atom(ref, ["x", "y", "z"])).relative,
+            "velocities": relative_difference("v", per_atom(got, ["vx", "vy", "vz"]),
+                                              per_atom(ref, ["vx", "vy", "vz"])).relative,
+            "etotal": abs(read_results(run.output)["etotal"] - read_results(base.output)["etotal"])
+            / abs(read_results(base.output)["etotal"]),
+        }
+        worst = max(diffs, key=diffs.get)
+        rows.append(Row(f"mpnn NVE {steps}", f"{label} vs 1 rank", worst, diffs[worst],
+                        diffs[worst] <= TOLERANCE["float64"]))
+        print(f"NVE {label}: {diffs}", flush=True)
+    return rows
+
+
+# ----------------------------------------------------------------------------- bench
+
+
+def bench_script(data: Path, model: Path, processors: str, warmup: int, steps: int,
+                 repeats: int, dump: bool) -> str:
+    script = textwrap.dedent(
+        f"""\
+        units metal
+        atom_style atomic
+        atom_modify map array
+        {processors}
+        read_data {data}
+        pair_style mliap unified {model} 0
+        pair_coeff * * Ar Kr
+        velocity all create 300.0 4928 mom yes rot yes
+        fix 1 all nve
+        thermo 0
+        """
+    )
+    if dump:
+        script += "dump d all custom 1 forces.dump id fx fy fz\n"
+        script += 'dump_modify d sort id format float "%.17g"\nrun 0\nundump d\n'
+    script += f"run {warmup}\n" + f"run {steps}\n" * repeats
+    return script
+
+
+def bench(data: Path, lammps: Lammps, sizes: list[int], gpus: int, steps: int) -> list[dict]:
+    from bench_strategies import LATTICE, crystal
+
+    rows = []
+    for atoms in sizes:
+        ranks = gpus
+        path, natoms = crystal(atoms, LATTICE["mace"], data / f"bench{atoms}.data")
+        dump = natoms <= 30000
+        forces = {}
+        for style, model in (("nvalchemi", "mace32.pt"), ("mace-torch", "mace32_own.pt")):
+            workdir = data / "runs" / "bench" / f"{atoms}_{style}_{ranks}"
+            processors = "" if ranks == 1 else f"processors {ranks} 1 1"
+            script = bench_script(path, data / model, processors, 5, steps, 3, dump)
+            run = lammps.run(script, ranks, gpus, workdir)
+            if run.returncode != 0:
+                print(f"{style} at {natoms} failed: {run.output[-800:]}", flush=True)
+                rows.append({"atoms": natoms, "style": style, "gpus": gpus, "error":
+                             run.output.strip().splitlines()[-1][-200:]})
+                continue
+            loops = [float(t) / int(n) for t, n in _LOOP.findall(run.output)][-3:]
+            ms = 1e3 * statistics.median(loops)
+            rows.append({"atoms": natoms, "style": style, "gpus": gpus, "ms_per_step": ms,
+                         "repeats_ms": [1e3 * t for t in loops]})
+            if dump:
+                forces[style] = per_atom(read_dump(workdir / "forces.dump"), ["fx", "fy", "fz"])
+            print(f"{natoms:8d} atoms {gpus} GPU {style:10s} {ms:8.2f} ms/step", flush=True)
+        if len(forces) == 2:
+            rel = relative_difference("force", forces["nvalchemi"], forces["mace-torch"])
+            rows.append({"atoms": natoms, "gpus": gpus, "force_difference": rel.relative})
+            print(f"{natoms:8d} atoms forces nvalchemi vs mace-torch: {rel.relative:.2e}")
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=["prepare", "check", "bench"])
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("--lammps", type=Path, help="PREFIX of tools/build_lammps_kokkos.sh")
+    parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--atoms", type=int, nargs="+", default=[1000, 20000, 100000])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--json", type=Path, help="where to write the results")
+    args = parser.parse_args()
+    data = args.dir.resolve()
+    if args.mode == "prepare":
+        prepare(data)
+        return 0
+    lammps = Lammps(args.lammps.resolve())
+    if args.mode == "check":
+        rows = check(data, lammps, args.gpus)
+        print(f"\n{'model':16s} {'run':28s} {'worst quantity':16s} {'relative':>10s}  result")
+        for r in rows:
+            print(f"{r.model:16s} {r.run:28s} {r.worst:16s} {r.relative:10.2e}  "
+                  f"{'PASS' if r.passed else 'FAIL ' + r.detail}")
+        result: list = [asdict(r) for r in rows]
+        ok = all(r.passed for r in rows)
+    else:
+        result = bench(data, lammps, args.atoms, args.gpus, args.steps)
+        ok = True
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
