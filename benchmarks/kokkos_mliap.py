@@ -30,6 +30,7 @@ import copy
 import json
 import os
 import re
+import site
 import statistics
 import sys
 import textwrap
@@ -162,9 +163,12 @@ class Lammps:
     @property
     def env(self) -> dict[str, str]:
         lib = next(self.prefix.glob("install/lib*/liblammps.so")).parent
+        # LAMMPS's embedded Python starts from the system prefix: hand it this environment's
+        paths = [self.prefix / "python", ROOT, os.environ.get("PYTHONPATH", ""),
+                 *site.getsitepackages()]
         return {
             "LD_LIBRARY_PATH": f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}",
-            "PYTHONPATH": f"{self.prefix / 'python'}:{ROOT}:{os.environ.get('PYTHONPATH', '')}",
+            "PYTHONPATH": ":".join(str(p) for p in paths if str(p)),
             "OMPI_ALLOW_RUN_AS_ROOT": "1",
             "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         }
