@@ -88,4 +88,7 @@ mkdir -p bench potentials # installed as share/lammps/*: no data files are neede
   -D WITH_JPEG=off -D WITH_PNG=off -D WITH_GZIP=off -D WITH_FFMPEG=off -Wno-dev
 "$venv/bin/cmake" --build build
 "$venv/bin/cmake" --install build --prefix "$prefix/install"
+# the KOKKOS sources tools/patch_lammps_kokkos.py edits, for tests/test_kokkos_patch.py
+rm -rf kokkos-source && mkdir -p kokkos-source/src/KOKKOS
+cp src/KOKKOS/{kokkos.cpp,comm_kokkos.h,comm_kokkos.cpp,pair_mliap_kokkos.cpp} kokkos-source/src/KOKKOS/
 rm -rf build cmake src doc bench potentials

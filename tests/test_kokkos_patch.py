@@ -1,0 +1,82 @@
+"""The LAMMPS edit behind 2-rank message passing through KOKKOS ML-IAP on GPUs
+(``tools/patch_lammps_kokkos.py``, docs/kokkos.md), checked on the pinned LAMMPS source
+that ``tools/build_lammps_mliap.sh`` keeps (``NVALCHEMI_LAMMPS_MLIAP/kokkos-source``).
+
+The GPU runs themselves are in ``benchmarks/kokkos_mliap.py`` (no GPU here). These tests
+fail when the workaround stops being needed (LAMMPS no longer sends ML-IAP's device
+buffers to the host pack of its legacy pair communication) or stops applying (the code it
+edits changed): either way it is time to look at it again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+FILES = ["kokkos.cpp", "comm_kokkos.h", "comm_kokkos.cpp", "pair_mliap_kokkos.cpp"]
+
+
+@pytest.fixture(scope="module")
+def lammps_source() -> Path:
+    prefix = os.environ.get("NVALCHEMI_LAMMPS_MLIAP")
+    if not prefix:
+        pytest.skip("NVALCHEMI_LAMMPS_MLIAP is not set: no LAMMPS source here (make test sets it)")
+    if (Path(prefix) / "UNAVAILABLE").exists():
+        pytest.skip((Path(prefix) / "UNAVAILABLE").read_text().strip())
+    source = Path(prefix) / "kokkos-source"
+    assert all((source / "src/KOKKOS" / f).exists() for f in FILES), (
+        f"{source} lacks the KOKKOS sources: rerun tools/build_lammps_mliap.sh"
+    )
+    return source
+
+
+def _patch(tree: Path) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, str(TOOLS / "patch_lammps_kokkos.py"), str(tree)],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    return out.splitlines()
+
+
+def test_legacy_pair_comm_still_reads_device_buffers_on_the_host(lammps_source):
+    """Why the edit exists: without GPU-aware MPI, more than one rank forces KOKKOS's pair
+    communication onto the legacy host path, whose pack reads ML-IAP's exchange buffer
+    (GPU memory) on the host."""
+    kokkos = (lammps_source / "src/KOKKOS/kokkos.cpp").read_text()
+    forced = re.search(
+        r"if \(\(!gpu_aware_flag && nmpi > 1\).*?\{(.*?)\n  \}\n\n", kokkos, re.S
+    )
+    assert forced and "forward_pair_comm_legacy = 1;" in forced.group(1)
+    assert "reverse_pair_comm_legacy = 1;" in forced.group(1)
+    comm = (lammps_source / "src/KOKKOS/comm_kokkos.cpp").read_text()
+    assert "forward_pair_comm_legacy) {\n    k_sendlist.sync_host();\n    CommBrick::forward_comm(pair" in comm
+    mliap = (lammps_source / "src/KOKKOS/pair_mliap_kokkos.cpp").read_text()
+    host_pack = re.search(r"::pack_forward_comm\(int nv, int\* idx_v, double \*fill,\s*int /\*int2\*/"
+                          r".*?\n\}", mliap, re.S)
+    assert host_pack and "copy_to[gstart++]" in host_pack.group(0)
+    assert "comm->forward_comm(this);" in mliap and "comm->reverse_comm(this);" in mliap
+
+
+def test_patch_applies_once(lammps_source, tmp_path):
+    """Every edit applies to the pinned source, and a second run changes nothing."""
+    tree = tmp_path / "lammps"
+    shutil.copytree(lammps_source, tree)
+    first = _patch(tree)
+    assert len(first) == 5 and all(line.startswith("patched ") for line in first), first
+    patched = {f: (tree / "src/KOKKOS" / f).read_text() for f in FILES}
+    second = _patch(tree)
+    assert all(line.startswith("already patched ") for line in second), second
+    assert patched == {f: (tree / "src/KOKKOS" / f).read_text() for f in FILES}
+    mliap = patched["pair_mliap_kokkos.cpp"]
+    assert "commKK->forward_comm_on_device(this)" in mliap
+    assert "commKK->reverse_comm_on_device(this)" in mliap
+    assert "void CommKokkos::forward_comm_on_device(Pair *pair, int size)" in patched[
+        "comm_kokkos.cpp"
+    ]
