@@ -159,6 +159,7 @@ class Lammps:
     """A KOKKOS LAMMPS from tools/build_lammps_kokkos.sh and how to start it."""
 
     prefix: Path
+    package: tuple[str, ...] = ()  # more `-pk kokkos` keywords, e.g. ("gpu/aware", "on")
 
     @property
     def env(self) -> dict[str, str]:
@@ -176,7 +177,7 @@ class Lammps:
     def run(self, script: str, ranks: int, gpus: int, workdir: Path) -> LammpsRun:
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "in.lammps").write_text(script)
-        kokkos = [a.format(gpus=gpus) for a in KOKKOS]
+        kokkos = [a.format(gpus=gpus) for a in KOKKOS] + list(self.package)
         cmd = ["mpirun", "--oversubscribe", "-np", str(ranks),
                str(self.prefix / "install" / "bin" / "lmp"), *kokkos, "-in", "in.lammps"]
         return run_command(cmd, workdir, timeout=600, env=self.env)
@@ -192,8 +193,8 @@ class Row:
     detail: str = ""
 
 
-def compare(case: Case, run: LammpsRun, ref: dict) -> tuple[str, float]:
-    """The largest relative difference from the reference over every quantity."""
+def compare(case: Case, run: LammpsRun, ref: dict) -> dict[str, float]:
+    """The relative difference from the reference of every quantity."""
     atoms, results = read_dump(run.workdir / "atoms.dump"), read_results(run.output)
     from nvalchemi_lammps.reference import NKTV2P
 
@@ -207,15 +208,26 @@ def compare(case: Case, run: LammpsRun, ref: dict) -> tuple[str, float]:
             -NKTV2P["metal"] * ref["atom_virials"],
         ),
     }
-    diffs = {q: relative_difference(q, np.asarray(g), np.asarray(r)).relative
-             for q, (g, r) in pairs.items()}
-    worst = max(diffs, key=diffs.get)
-    return worst, diffs[worst]
+    return {q: relative_difference(q, np.asarray(g), np.asarray(r)).relative
+            for q, (g, r) in pairs.items()}
 
 
-def check(data: Path, lammps: Lammps, gpus: int) -> list[Row]:
+def failure(run: LammpsRun) -> str:
+    """Why a run stopped: LAMMPS's, Kokkos's or Python's own lines (the whole output is
+    kept next to the run)."""
+    (run.workdir / "output.txt").write_text(run.output)
+    keys = ("ERROR", "Error", "error:", "Kokkos", "abort", "terminate", "what()", "Exception")
+    lines = [line for line in run.output.splitlines() if any(k in line for k in keys)]
+    return " | ".join(lines[:6] or run.output.strip().splitlines()[-4:])[-600:]
+
+
+def check(
+    data: Path, lammps: Lammps, gpus: int, models: list[str], nve_steps: int
+) -> list[Row]:
     rows = []
     for case in CASES:
+        if case.name not in models:
+            continue
         ref = dict(np.load(data / f"{case.name}.ref.npz"))
         for label, ranks, ngpu, processors in RUNS:
             if ngpu > gpus:
@@ -229,17 +241,20 @@ def check(data: Path, lammps: Lammps, gpus: int) -> list[Row]:
             )
             run = lammps.run(script, ranks, ngpu, workdir)
             if run.returncode != 0:
-                tail = " | ".join(run.output.strip().splitlines()[-4:])
-                rows.append(Row(case.name, label, "crash", float("nan"), False, tail[-300:]))
+                rows.append(Row(case.name, label, "crash", float("nan"), False, failure(run)))
                 continue
-            worst, rel = compare(case, run, ref)
+            diffs = compare(case, run, ref)
+            worst, rel = max(diffs.items(), key=lambda item: item[1])
             owned = atoms_per_rank(run.output)[-1]
             empty = "empty" not in label or owned[0] == 0  # the case it is named for
             detail = "" if empty else f"no rank was left without atoms: {owned}"
             rows.append(Row(case.name, label, worst, rel, empty and rel <= TOLERANCE[case.dtype],
                             detail))
-            print(f"{case.name:7s} {label:20s} {worst:16s} {rel:.2e}", flush=True)
-    rows += nve(data, lammps, gpus)
+            print(f"{case.name:7s} {label:20s} "
+                  + " ".join(f"{q} {d:.2e}" for q, d in diffs.items()),
+                  flush=True)
+    if nve_steps:
+        rows += nve(data, lammps, gpus, nve_steps)
     return rows
 
 
@@ -278,8 +293,8 @@ def nve(data: Path, lammps: Lammps, gpus: int, steps: int = 200) -> list[Row]:
     rows = []
     for label, run in runs.items():
         if run.returncode != 0 or base.returncode != 0:
-            tail = " | ".join((run if run.returncode else base).output.splitlines()[-4:])
-            rows.append(Row("mpnn NVE", label, "crash", float("nan"), False, tail[-300:]))
+            why = failure(run if run.returncode else base)
+            rows.append(Row("mpnn NVE", label, "crash", float("nan"), False, why))
             continue
         got, ref = read_dump(run.workdir / "final.dump"), read_dump(base.workdir / "final.dump")
         diffs = {
@@ -342,7 +357,7 @@ def bench(data: Path, lammps: Lammps, sizes: list[int], gpus: int, steps: int) -
                 rows.append({"atoms": natoms, "style": style, "gpus": gpus, "error":
                              run.output.strip().splitlines()[-1][-200:]})
                 continue
-            loops = [float(t) / int(n) for t, n in _LOOP.findall(run.output)][-3:]
+            loops = [float(t) / int(n) for t, n in _LOOP.findall(run.output) if int(n)][-3:]
             ms = 1e3 * statistics.median(loops)
             rows.append({"atoms": natoms, "style": style, "gpus": gpus, "ms_per_step": ms,
                          "repeats_ms": [1e3 * t for t in loops]})
@@ -363,16 +378,20 @@ def main() -> int:
     parser.add_argument("--lammps", type=Path, help="PREFIX of tools/build_lammps_kokkos.sh")
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--atoms", type=int, nargs="+", default=[1000, 20000, 100000])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=20, help="bench: timed steps per repeat")
+    parser.add_argument("--models", nargs="+", default=[c.name for c in CASES],
+                        help="check: these models only")
+    parser.add_argument("--nve-steps", type=int, default=200, help="check: 0 for none")
     parser.add_argument("--json", type=Path, help="where to write the results")
+    parser.add_argument("--package", default="", help="more -pk kokkos keywords")
     args = parser.parse_args()
     data = args.dir.resolve()
     if args.mode == "prepare":
         prepare(data)
         return 0
-    lammps = Lammps(args.lammps.resolve())
+    lammps = Lammps(args.lammps.resolve(), tuple(args.package.split()))
     if args.mode == "check":
-        rows = check(data, lammps, args.gpus)
+        rows = check(data, lammps, args.gpus, args.models, args.nve_steps)
         print(f"\n{'model':16s} {'run':28s} {'worst quantity':16s} {'relative':>10s}  result")
         for r in rows:
             print(f"{r.model:16s} {r.run:28s} {r.worst:16s} {r.relative:10.2e}  "
