@@ -64,12 +64,24 @@ def test_legacy_pair_comm_still_reads_device_buffers_on_the_host(lammps_source):
     assert "comm->forward_comm(this);" in mliap and "comm->reverse_comm(this);" in mliap
 
 
+def test_device_pair_comm_staging_still_trips_over_a_resize(lammps_source):
+    """Why the second edit exists: the device pair comm, staged through the host, marks its
+    receive buffer modified on the host after ``grow_buf_pair`` resized it, which Kokkos
+    marks modified on the device: Kokkos aborts (seen on the H200 at 2 ranks)."""
+    comm = (lammps_source / "src/KOKKOS/comm_kokkos.cpp").read_text()
+    grow = comm[comm.index("void CommKokkos::grow_buf_pair") :]
+    grow = grow[: grow.index("\n}\n")]
+    assert "k_buf_recv_pair.resize(max_buf_pair);" in grow and "clear_sync_state" not in grow
+    device = comm[comm.index("void CommKokkos::forward_comm_device(Pair *pair, int size)") :]
+    assert device.index("grow_buf_pair(nmax)") < device.index("k_buf_recv_pair.modify_host();")
+
+
 def test_patch_applies_once(lammps_source, tmp_path):
     """Every edit applies to the pinned source, and a second run changes nothing."""
     tree = tmp_path / "lammps"
     shutil.copytree(lammps_source, tree)
     first = _patch(tree)
-    assert len(first) == 5 and all(line.startswith("patched ") for line in first), first
+    assert len(first) == 6 and all(line.startswith("patched ") for line in first), first
     patched = {f: (tree / "src/KOKKOS" / f).read_text() for f in FILES}
     second = _patch(tree)
     assert all(line.startswith("already patched ") for line in second), second
@@ -77,6 +89,7 @@ def test_patch_applies_once(lammps_source, tmp_path):
     mliap = patched["pair_mliap_kokkos.cpp"]
     assert "commKK->forward_comm_on_device(this)" in mliap
     assert "commKK->reverse_comm_on_device(this)" in mliap
-    assert "void CommKokkos::forward_comm_on_device(Pair *pair, int size)" in patched[
-        "comm_kokkos.cpp"
-    ]
+    comm = patched["comm_kokkos.cpp"]
+    assert "void CommKokkos::forward_comm_on_device(Pair *pair, int size)" in comm
+    grow = comm[comm.index("void CommKokkos::grow_buf_pair") :]
+    assert grow.index("k_buf_recv_pair.clear_sync_state();") < grow.index("\n}\n")

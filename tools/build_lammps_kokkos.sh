@@ -44,7 +44,10 @@ fi
 declare -A sm=([HOPPER90]=sm_90 [AMPERE80]=sm_80 [AMPERE86]=sm_86 [ADA89]=sm_89
                [BLACKWELL100]=sm_100 [BLACKWELL120]=sm_120)
 wrapper="$lammps_src/lib/kokkos/bin/nvcc_wrapper"
-sed -i "s/^default_arch=\"sm_[0-9]*\"/default_arch=\"${sm[$arch]}\"/" "$wrapper"
+grep -q "^default_arch=\"${sm[$arch]}\"" "$wrapper" \
+  || sed -i "s/^default_arch=\"sm_[0-9]*\"/default_arch=\"${sm[$arch]}\"/" "$wrapper"
+# LAMMPS installs bench/ and potentials/ as data: a trimmed source tree may lack them
+mkdir -p "$lammps_src/bench" "$lammps_src/potentials"
 
 "$python" -c "import Cython" 2>/dev/null || { echo "cython is missing for $python"; exit 1; }
 build="$prefix/build"
@@ -70,6 +73,6 @@ rm -rf "$build"
 lmp="$prefix/install/bin/lmp"
 lib=$(ls "$prefix"/install/lib*/liblammps.so)
 echo "built in $(( $(date +%s) - start )) s with $jobs jobs: $lmp"
-echo "liblammps.so: $(du -h "$lib" | cut -f1)"
+echo "liblammps.so: $(du -hL "$lib" | cut -f1)"
 LD_LIBRARY_PATH="$(dirname "$lib"):${LD_LIBRARY_PATH:-}" "$lmp" -h \
   | sed -n '/^Installed packages:/,/^List of individual style options/p' | sed '$d'

@@ -46,7 +46,7 @@ def apply(root: Path, edits: dict[str, dict[str, str]]) -> None:
     """Replace each original text by its edit, once; report what was done per edit."""
     for name, changes in edits.items():
         path = root / name
-        text = path.read_text()
+        text = before = path.read_text()
         for original, edited in changes.items():
             label = f"{name}: {original.split(chr(10))[0].strip()[:60]}"
             if edited in text:
@@ -56,7 +56,8 @@ def apply(root: Path, edits: dict[str, dict[str, str]]) -> None:
                 print(f"patched          {label}")
             else:
                 print(f"not needed       {label}")
-        path.write_text(text)
+        if text != before:  # an unchanged file keeps its time: a rerun rebuilds nothing
+            path.write_text(text)
 
 
 if __name__ == "__main__":

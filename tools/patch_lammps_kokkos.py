@@ -7,10 +7,13 @@ models) call ``comm->forward_comm(this)`` on buffers in GPU memory. When MPI is 
 GPU-aware and more than one rank runs (or with ``pair/only on``), KokkosLMP forces the
 pair communication onto the legacy host path (src/KOKKOS/kokkos.cpp), CommBrick calls
 PairMLIAPKokkos's host ``pack_forward_comm``, which reads the GPU buffer from the host: a
-segmentation fault (docs/kokkos.md has the reproducer). The device path already stages
-its MPI buffers through the host when MPI is not GPU-aware, so the exchanges of a pair
-style running on the GPU take it always. Without the original text (a LAMMPS that fixed
-this itself) each edit is skipped and said so.
+segmentation fault (docs/kokkos.md has the reproducer). The device path stages its MPI
+buffers through the host when MPI is not GPU-aware, so the exchanges of a pair style
+running on the GPU take it always; that staging, never reached before, aborts in Kokkos
+("Concurrent modification of host and device views in DualView comm:k_recv_send_pair")
+after the pair buffers grow, since a DualView resize marks the device side modified: the
+grown buffers, scratch, start with no side modified. Without the original text (a LAMMPS
+that fixed this itself) each edit is skipped and said so.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ DEFINITION_ANCHOR = "/* --------------------------------------------------------
 FORWARD_CALL = "  //call comm\n  comm->forward_comm(this);\n"
 REVERSE_CALL = "  comm->reverse_comm(this);\n"
 INCLUDE = '#include "pair_mliap_kokkos.h"\n'
+GROW = "  k_buf_send_pair.resize(max_buf_pair);\n  k_buf_recv_pair.resize(max_buf_pair);\n"
 
 EDITS = {
     "src/KOKKOS/comm_kokkos.h": {
@@ -52,6 +56,11 @@ void CommKokkos::reverse_comm_on_device(Pair *pair, int size)
 
 """
         + DEFINITION_ANCHOR,
+        GROW: GROW
+        + "  // scratch: nothing to copy. A resize marks one side modified, and the host staging\n"
+        + "  // of the device path (MPI not GPU-aware) then aborts on a modify of the other side\n"
+        + "  k_buf_send_pair.clear_sync_state();\n"
+        + "  k_buf_recv_pair.clear_sync_state();\n",
     },
     "src/KOKKOS/pair_mliap_kokkos.cpp": {
         INCLUDE: INCLUDE + '#include "comm_kokkos.h"\n',
