@@ -42,7 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
-from lammps_helpers import (  # noqa: E402
+from lammps_helpers import (
     GLOBAL,
     PER_ATOM,
     atoms_per_rank,
@@ -51,7 +51,7 @@ from lammps_helpers import (  # noqa: E402
     relative_difference,
 )
 
-from nvalchemi_lammps.lammps_run import (  # noqa: E402
+from nvalchemi_lammps.lammps_run import (
     LammpsRun,
     read_dump,
     read_results,
@@ -118,8 +118,9 @@ def prepare(out: Path) -> None:
         write_lammps_data(out / f"{name}.data", pos, box, spec + 1, masses)
     mace = random_mace()
     potentials = {
-        "lj": LennardJones(["Ar", "Ne"], {"Ar": 0.0104, "Ne": 0.00312},
-                           {"Ar": 3.40, "Ne": 2.74}, cutoff=6.0),
+        "lj": LennardJones(
+            ["Ar", "Ne"], {"Ar": 0.0104, "Ne": 0.00312}, {"Ar": 3.40, "Ne": 2.74}, cutoff=6.0
+        ),
         "mpnn": MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3),
         "mace64": Mace.from_model(mace, dtype="float64"),
         "mace32": Mace.from_model(mace, dtype="float32"),
@@ -165,8 +166,12 @@ class Lammps:
     def env(self) -> dict[str, str]:
         lib = next(self.prefix.glob("install/lib*/liblammps.so")).parent
         # LAMMPS's embedded Python starts from the system prefix: hand it this environment's
-        paths = [self.prefix / "python", ROOT, os.environ.get("PYTHONPATH", ""),
-                 *site.getsitepackages()]
+        paths = [
+            self.prefix / "python",
+            ROOT,
+            os.environ.get("PYTHONPATH", ""),
+            *site.getsitepackages(),
+        ]
         return {
             "LD_LIBRARY_PATH": f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}",
             "PYTHONPATH": ":".join(str(p) for p in paths if str(p)),
@@ -178,8 +183,16 @@ class Lammps:
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "in.lammps").write_text(script)
         kokkos = [a.format(gpus=gpus) for a in KOKKOS] + list(self.package)
-        cmd = ["mpirun", "--oversubscribe", "-np", str(ranks),
-               str(self.prefix / "install" / "bin" / "lmp"), *kokkos, "-in", "in.lammps"]
+        cmd = [
+            "mpirun",
+            "--oversubscribe",
+            "-np",
+            str(ranks),
+            str(self.prefix / "install" / "bin" / "lmp"),
+            *kokkos,
+            "-in",
+            "in.lammps",
+        ]
         return run_command(cmd, workdir, timeout=600, env=self.env)
 
 
@@ -208,8 +221,10 @@ def compare(case: Case, run: LammpsRun, ref: dict) -> dict[str, float]:
             -NKTV2P["metal"] * ref["atom_virials"],
         ),
     }
-    return {q: relative_difference(q, np.asarray(g), np.asarray(r)).relative
-            for q, (g, r) in pairs.items()}
+    return {
+        q: relative_difference(q, np.asarray(g), np.asarray(r)).relative
+        for q, (g, r) in pairs.items()
+    }
 
 
 def failure(run: LammpsRun) -> str:
@@ -221,9 +236,7 @@ def failure(run: LammpsRun) -> str:
     return " | ".join(lines[:6] or run.output.strip().splitlines()[-4:])[-600:]
 
 
-def check(
-    data: Path, lammps: Lammps, gpus: int, models: list[str], nve_steps: int
-) -> list[Row]:
+def check(data: Path, lammps: Lammps, gpus: int, models: list[str], nve_steps: int) -> list[Row]:
     rows = []
     for case in CASES:
         if case.name not in models:
@@ -248,17 +261,20 @@ def check(
             owned = atoms_per_rank(run.output)[-1]
             empty = "empty" not in label or owned[0] == 0  # the case it is named for
             detail = "" if empty else f"no rank was left without atoms: {owned}"
-            rows.append(Row(case.name, label, worst, rel, empty and rel <= TOLERANCE[case.dtype],
-                            detail))
-            print(f"{case.name:7s} {label:20s} "
-                  + " ".join(f"{q} {d:.2e}" for q, d in diffs.items()),
-                  flush=True)
+            rows.append(
+                Row(case.name, label, worst, rel, empty and rel <= TOLERANCE[case.dtype], detail)
+            )
+            print(
+                f"{case.name:7s} {label:20s} " + " ".join(f"{q} {d:.2e}" for q, d in diffs.items()),
+                flush=True,
+            )
     if nve_steps:
         rows += nve(data, lammps, gpus, nve_steps)
     return rows
 
 
-def nve_script(data: Path, model: str, processors: str, steps: int) -> str:
+def md_script(data: Path, model: Path, elements: str, processors: str) -> str:
+    """Read ``data``, run ``model`` through ML-IAP, 300 K velocities, NVE."""
     return textwrap.dedent(
         f"""\
         units metal
@@ -266,11 +282,17 @@ def nve_script(data: Path, model: str, processors: str, steps: int) -> str:
         atom_modify map array
         {processors}
         read_data {data}
-        replicate 2 2 1
         pair_style mliap unified {model} 0
-        pair_coeff * * Ar Ne
+        pair_coeff * * {elements}
         velocity all create 300.0 4928 mom yes rot yes
         fix 1 all nve
+        """
+    )
+
+
+def nve_script(data: Path, model: Path, processors: str, steps: int) -> str:
+    return md_script(data, model, "Ar Ne", processors) + textwrap.dedent(
+        f"""\
         thermo_style custom step pe ke etotal
         thermo {steps}
         run {steps}
@@ -287,7 +309,7 @@ def nve(data: Path, lammps: Lammps, gpus: int, steps: int = 200) -> list[Row]:
         if ngpu > gpus:
             continue
         workdir = data / "runs" / "nve" / label.replace(" ", "_")
-        script = nve_script(data / "ar_ne.data", str(data / "mpnn.pt"), processors, steps)
+        script = nve_script(data / "ar_ne.data", data / "mpnn.pt", processors, steps)
         runs[label] = lammps.run(script, ranks, ngpu, workdir)
     base = runs.pop("1 rank")
     rows = []
@@ -298,16 +320,25 @@ def nve(data: Path, lammps: Lammps, gpus: int, steps: int = 200) -> list[Row]:
             continue
         got, ref = read_dump(run.workdir / "final.dump"), read_dump(base.workdir / "final.dump")
         diffs = {
-            "positions": relative_difference("x", per_atom(got, ["x", "y", "z"]),
-                                             per_atom(ref, ["x", "y", "z"])).relative,
-            "velocities": relative_difference("v", per_atom(got, ["vx", "vy", "vz"]),
-                                              per_atom(ref, ["vx", "vy", "vz"])).relative,
+            "positions": relative_difference(
+                "x", per_atom(got, ["x", "y", "z"]), per_atom(ref, ["x", "y", "z"])
+            ).relative,
+            "velocities": relative_difference(
+                "v", per_atom(got, ["vx", "vy", "vz"]), per_atom(ref, ["vx", "vy", "vz"])
+            ).relative,
             "etotal": abs(read_results(run.output)["etotal"] - read_results(base.output)["etotal"])
             / abs(read_results(base.output)["etotal"]),
         }
         worst = max(diffs, key=diffs.get)
-        rows.append(Row(f"mpnn NVE {steps}", f"{label} vs 1 rank", worst, diffs[worst],
-                        diffs[worst] <= TOLERANCE["float64"]))
+        rows.append(
+            Row(
+                f"mpnn NVE {steps}",
+                f"{label} vs 1 rank",
+                worst,
+                diffs[worst],
+                diffs[worst] <= TOLERANCE["float64"],
+            )
+        )
         print(f"NVE {label}: {diffs}", flush=True)
     return rows
 
@@ -315,22 +346,10 @@ def nve(data: Path, lammps: Lammps, gpus: int, steps: int = 200) -> list[Row]:
 # ----------------------------------------------------------------------------- bench
 
 
-def bench_script(data: Path, model: Path, processors: str, warmup: int, steps: int,
-                 repeats: int, dump: bool) -> str:
-    script = textwrap.dedent(
-        f"""\
-        units metal
-        atom_style atomic
-        atom_modify map array
-        {processors}
-        read_data {data}
-        pair_style mliap unified {model} 0
-        pair_coeff * * Ar Kr
-        velocity all create 300.0 4928 mom yes rot yes
-        fix 1 all nve
-        thermo 0
-        """
-    )
+def bench_script(
+    data: Path, model: Path, processors: str, warmup: int, steps: int, repeats: int, dump: bool
+) -> str:
+    script = md_script(data, model, "Ar Kr", processors) + "thermo 0\n"
     if dump:
         script += "dump d all custom 1 forces.dump id fx fy fz\n"
         script += 'dump_modify d sort id format float "%.17g"\nrun 0\nundump d\n'
@@ -354,13 +373,26 @@ def bench(data: Path, lammps: Lammps, sizes: list[int], gpus: int, steps: int) -
             run = lammps.run(script, ranks, gpus, workdir)
             if run.returncode != 0:
                 print(f"{style} at {natoms} failed: {run.output[-800:]}", flush=True)
-                rows.append({"atoms": natoms, "style": style, "gpus": gpus, "error":
-                             run.output.strip().splitlines()[-1][-200:]})
+                rows.append(
+                    {
+                        "atoms": natoms,
+                        "style": style,
+                        "gpus": gpus,
+                        "error": run.output.strip().splitlines()[-1][-200:],
+                    }
+                )
                 continue
             loops = [float(t) / int(n) for t, n in _LOOP.findall(run.output) if int(n)][-3:]
             ms = 1e3 * statistics.median(loops)
-            rows.append({"atoms": natoms, "style": style, "gpus": gpus, "ms_per_step": ms,
-                         "repeats_ms": [1e3 * t for t in loops]})
+            rows.append(
+                {
+                    "atoms": natoms,
+                    "style": style,
+                    "gpus": gpus,
+                    "ms_per_step": ms,
+                    "repeats_ms": [1e3 * t for t in loops],
+                }
+            )
             if dump:
                 forces[style] = per_atom(read_dump(workdir / "forces.dump"), ["fx", "fy", "fz"])
             print(f"{natoms:8d} atoms {gpus} GPU {style:10s} {ms:8.2f} ms/step", flush=True)
@@ -379,8 +411,9 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--atoms", type=int, nargs="+", default=[1000, 20000, 100000])
     parser.add_argument("--steps", type=int, default=20, help="bench: timed steps per repeat")
-    parser.add_argument("--models", nargs="+", default=[c.name for c in CASES],
-                        help="check: these models only")
+    parser.add_argument(
+        "--models", nargs="+", default=[c.name for c in CASES], help="check: these models only"
+    )
     parser.add_argument("--nve-steps", type=int, default=200, help="check: 0 for none")
     parser.add_argument("--json", type=Path, help="where to write the results")
     parser.add_argument("--package", default="", help="more -pk kokkos keywords")
@@ -394,8 +427,10 @@ def main() -> int:
         rows = check(data, lammps, args.gpus, args.models, args.nve_steps)
         print(f"\n{'model':16s} {'run':28s} {'worst quantity':16s} {'relative':>10s}  result")
         for r in rows:
-            print(f"{r.model:16s} {r.run:28s} {r.worst:16s} {r.relative:10.2e}  "
-                  f"{'PASS' if r.passed else 'FAIL ' + r.detail}")
+            print(
+                f"{r.model:16s} {r.run:28s} {r.worst:16s} {r.relative:10.2e}  "
+                f"{'PASS' if r.passed else 'FAIL ' + r.detail}"
+            )
         result: list = [asdict(r) for r in rows]
         ok = all(r.passed for r in rows)
     else:

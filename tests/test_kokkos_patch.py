@@ -40,7 +40,9 @@ def lammps_source() -> Path:
 def _patch(tree: Path) -> list[str]:
     out = subprocess.run(
         [sys.executable, str(TOOLS / "patch_lammps_kokkos.py"), str(tree)],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     return out.splitlines()
 
@@ -51,15 +53,22 @@ def test_legacy_pair_comm_still_reads_device_buffers_on_the_host(lammps_source):
     (GPU memory) on the host."""
     kokkos = (lammps_source / "src/KOKKOS/kokkos.cpp").read_text()
     forced = re.search(
-        r"if \(\(!gpu_aware_flag && nmpi > 1\).*?\{(.*?)\n  \}\n\n", kokkos, re.S
+        r"if \(\(!gpu_aware_flag && nmpi > 1\).*?\{(.*?)\n  \}\n\n", kokkos, re.DOTALL
     )
     assert forced and "forward_pair_comm_legacy = 1;" in forced.group(1)
     assert "reverse_pair_comm_legacy = 1;" in forced.group(1)
     comm = (lammps_source / "src/KOKKOS/comm_kokkos.cpp").read_text()
-    assert "forward_pair_comm_legacy) {\n    k_sendlist.sync_host();\n    CommBrick::forward_comm(pair" in comm
+    assert (
+        "forward_pair_comm_legacy) {\n    k_sendlist.sync_host();\n    CommBrick::forward_comm(pair"
+        in comm
+    )
     mliap = (lammps_source / "src/KOKKOS/pair_mliap_kokkos.cpp").read_text()
-    host_pack = re.search(r"::pack_forward_comm\(int nv, int\* idx_v, double \*fill,\s*int /\*int2\*/"
-                          r".*?\n\}", mliap, re.S)
+    host_pack = re.search(
+        r"::pack_forward_comm\(int nv, int\* idx_v, double \*fill,\s*int /\*int2\*/"
+        r".*?\n\}",
+        mliap,
+        re.DOTALL,
+    )
     assert host_pack and "copy_to[gstart++]" in host_pack.group(0)
     assert "comm->forward_comm(this);" in mliap and "comm->reverse_comm(this);" in mliap
 

@@ -23,7 +23,9 @@ from pathlib import Path
 
 from patch_kokkos import apply
 
-DECLARATION = "  void reverse_comm(class Pair *, int size = 0) override;     // reverse comm from a Pair\n"
+DECLARATION = (
+    "  void reverse_comm(class Pair *, int size = 0) override;     // reverse comm from a Pair\n"
+)
 DEFINITION_ANCHOR = "/* ---------------------------------------------------------------------- */\n\nvoid CommKokkos::grow_buf_pair(int n) {"
 FORWARD_CALL = "  //call comm\n  comm->forward_comm(this);\n"
 REVERSE_CALL = "  comm->reverse_comm(this);\n"
