@@ -30,6 +30,7 @@ import copy
 import json
 import os
 import re
+import shlex
 import site
 import statistics
 import sys
@@ -59,8 +60,10 @@ from nvalchemi_lammps.lammps_run import (
     write_lammps_data,
 )
 
-KOKKOS = ["-k", "on", "g", "{gpus}", "-sf", "kk", "-pk", "kokkos", "newton", "on", "neigh", "half"]
+KOKKOS = ["-sf", "kk", "-pk", "kokkos", "newton", "on", "neigh", "half"]
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
+#: The MPI launcher (Open MPI's by default; MPIRUN=mpirun for MPICH's)
+MPIRUN = shlex.split(os.environ.get("MPIRUN", "mpirun --oversubscribe"))
 _LOOP = re.compile(r"^Loop time of (\S+) on \d+ procs for (\d+) steps", re.MULTILINE)
 
 
@@ -89,6 +92,12 @@ RUNS = [
     ("2 ranks 1 GPU", 2, 1, "processors 2 1 1"),
     ("2 ranks 2 GPUs", 2, 2, "processors 2 1 1"),
     ("2 ranks, one empty", 2, 2, "processors 1 1 2"),
+]
+#: The same on the host (``--gpus 0``)
+HOST_RUNS = [
+    ("1 rank", 1, 0, ""),
+    ("2 ranks", 2, 0, "processors 2 1 1"),
+    ("4 ranks, empty ones", 4, 0, "processors 1 1 4"),
 ]
 
 
@@ -182,17 +191,10 @@ class Lammps:
     def run(self, script: str, ranks: int, gpus: int, workdir: Path) -> LammpsRun:
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "in.lammps").write_text(script)
-        kokkos = [a.format(gpus=gpus) for a in KOKKOS] + list(self.package)
-        cmd = [
-            "mpirun",
-            "--oversubscribe",
-            "-np",
-            str(ranks),
-            str(self.prefix / "install" / "bin" / "lmp"),
-            *kokkos,
-            "-in",
-            "in.lammps",
-        ]
+        # gpus 0: a KOKKOS LAMMPS built for the host (tools/build_lammps_kokkos.sh ... SERIAL)
+        kokkos = ["-k", "on", *(["g", str(gpus)] if gpus else []), *KOKKOS, *self.package]
+        lmp = self.prefix / "install" / "bin" / "lmp"
+        cmd = [*MPIRUN, "-np", str(ranks), str(lmp), *kokkos, "-in", "in.lammps"]
         return run_command(cmd, workdir, timeout=600, env=self.env)
 
 
@@ -242,7 +244,7 @@ def check(data: Path, lammps: Lammps, gpus: int, models: list[str], nve_steps: i
         if case.name not in models:
             continue
         ref = dict(np.load(data / f"{case.name}.ref.npz"))
-        for label, ranks, ngpu, processors in RUNS:
+        for label, ranks, ngpu, processors in RUNS if gpus else HOST_RUNS:
             if ngpu > gpus:
                 continue
             workdir = data / "runs" / case.name / label.replace(" ", "_").replace(",", "")
@@ -305,7 +307,7 @@ def nve_script(data: Path, model: Path, processors: str, steps: int) -> str:
 def nve(data: Path, lammps: Lammps, gpus: int, steps: int = 200) -> list[Row]:
     """200 NVE steps of the message-passing model: 2 ranks (1 and 2 GPUs) = 1 rank."""
     runs = {}
-    for label, ranks, ngpu, processors in RUNS[:3]:
+    for label, ranks, ngpu, processors in RUNS[:3] if gpus else HOST_RUNS[:2]:
         if ngpu > gpus:
             continue
         workdir = data / "runs" / "nve" / label.replace(" ", "_")
@@ -362,7 +364,7 @@ def bench(data: Path, lammps: Lammps, sizes: list[int], gpus: int, steps: int) -
 
     rows = []
     for atoms in sizes:
-        ranks = gpus
+        ranks = max(gpus, 1)
         path, natoms = crystal(atoms, LATTICE["mace"], data / f"bench{atoms}.data")
         dump = natoms <= 30000
         forces = {}
@@ -408,7 +410,7 @@ def main() -> int:
     parser.add_argument("mode", choices=["prepare", "check", "bench"])
     parser.add_argument("dir", type=Path)
     parser.add_argument("--lammps", type=Path, help="PREFIX of tools/build_lammps_kokkos.sh")
-    parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--gpus", type=int, default=1, help="0: a KOKKOS LAMMPS for the host")
     parser.add_argument("--atoms", type=int, nargs="+", default=[1000, 20000, 100000])
     parser.add_argument("--steps", type=int, default=20, help="bench: timed steps per repeat")
     parser.add_argument(

@@ -10,7 +10,9 @@
 #             one). Kokkos 4.6.99 (June 2025) is patched for CUDA 13 and LAMMPS 2026 here
 # PREFIX      installs lmp, liblammps.so, headers and CMake config into PREFIX/install and
 #             LAMMPS's Python module into PREFIX/python
-# ARCH        Kokkos architecture, default HOPPER90 (H100/H200); AMPERE80 for A100
+# ARCH        Kokkos architecture, default HOPPER90 (H100/H200); AMPERE80 for A100; SERIAL
+#             for Kokkos on the host only (no GPU: the KOKKOS code paths on a CPU)
+# LAMMPS_CMAKE_ARGS  more CMake arguments (e.g. an MPI: -D MPI_CXX_COMPILER=...)
 #
 # Packages: KOKKOS (CUDA + Serial host), ML-IAP with Python (MLIAP_ENABLE_PYTHON), ML-SNAP
 # (ML-IAP needs it), PYTHON and PLUGIN, with MPI, as a shared library.
@@ -39,13 +41,18 @@ fi
 "$python" "$here/patch_kokkos.py" "$lammps_src/lib/kokkos"
 "$python" "$here/patch_lammps_kokkos.py" "$lammps_src"
 
-# nvcc_wrapper compiles for its default_arch when no -arch is given; passing -arch in
-# CMAKE_CXX_FLAGS breaks Kokkos's link-flag check, so the default is set instead
-declare -A sm=([HOPPER90]=sm_90 [AMPERE80]=sm_80 [AMPERE86]=sm_86 [ADA89]=sm_89
-               [BLACKWELL100]=sm_100 [BLACKWELL120]=sm_120)
-wrapper="$lammps_src/lib/kokkos/bin/nvcc_wrapper"
-grep -q "^default_arch=\"${sm[$arch]}\"" "$wrapper" \
-  || sed -i "s/^default_arch=\"sm_[0-9]*\"/default_arch=\"${sm[$arch]}\"/" "$wrapper"
+if [ "$arch" = SERIAL ]; then  # Kokkos on the host only: the /kk code paths without a GPU
+  backend=(-D Kokkos_ENABLE_CUDA=off)
+else
+  # nvcc_wrapper compiles for its default_arch when no -arch is given; passing -arch in
+  # CMAKE_CXX_FLAGS breaks Kokkos's link-flag check, so the default is set instead
+  declare -A sm=([HOPPER90]=sm_90 [AMPERE80]=sm_80 [AMPERE86]=sm_86 [ADA89]=sm_89
+                 [BLACKWELL100]=sm_100 [BLACKWELL120]=sm_120)
+  wrapper="$lammps_src/lib/kokkos/bin/nvcc_wrapper"
+  grep -q "^default_arch=\"${sm[$arch]}\"" "$wrapper" \
+    || sed -i "s/^default_arch=\"sm_[0-9]*\"/default_arch=\"${sm[$arch]}\"/" "$wrapper"
+  backend=(-D CMAKE_CXX_COMPILER="$wrapper" -D Kokkos_ENABLE_CUDA=on -D "Kokkos_ARCH_$arch=on")
+fi
 # LAMMPS installs bench/ and potentials/ as data: a trimmed source tree may lack them
 mkdir -p "$lammps_src/bench" "$lammps_src/potentials"
 
@@ -53,14 +60,13 @@ mkdir -p "$lammps_src/bench" "$lammps_src/potentials"
 build="$prefix/build"
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S "$lammps_src/cmake" -B "$build" -G Ninja \
-    -D CMAKE_BUILD_TYPE=Release -D CMAKE_CXX_COMPILER="$wrapper" \
-    -D BUILD_SHARED_LIBS=on -D BUILD_MPI=on -D BUILD_OMP=off \
-    -D PKG_KOKKOS=on -D Kokkos_ENABLE_CUDA=on -D Kokkos_ENABLE_SERIAL=on \
-    -D Kokkos_ENABLE_OPENMP=off -D "Kokkos_ARCH_$arch=on" \
+    -D CMAKE_BUILD_TYPE=Release -D BUILD_SHARED_LIBS=on -D BUILD_MPI=on -D BUILD_OMP=off \
+    -D PKG_KOKKOS=on "${backend[@]}" -D Kokkos_ENABLE_SERIAL=on -D Kokkos_ENABLE_OPENMP=off \
     -D PKG_ML-IAP=on -D PKG_ML-SNAP=on -D PKG_PYTHON=on -D MLIAP_ENABLE_PYTHON=on \
     -D PKG_PLUGIN=on \
     -D Python_EXECUTABLE="$(command -v "$python")" \
-    -D WITH_JPEG=off -D WITH_PNG=off -D WITH_GZIP=off -D WITH_FFMPEG=off -Wno-dev
+    -D WITH_JPEG=off -D WITH_PNG=off -D WITH_GZIP=off -D WITH_FFMPEG=off -Wno-dev \
+    ${LAMMPS_CMAKE_ARGS:-}
 fi
 cmake --build "$build" -j "$jobs"
 cmake --install "$build" --prefix "$prefix/install"
