@@ -88,9 +88,12 @@ def test_damaged_model_file_is_refused(nprocs, argon_data, tmp_path):
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=lambda n: f"np{n}")
-def test_text_file_as_model_is_one_clean_message(nprocs, argon_data, tmp_path):
+@pytest.mark.parametrize("content", ["units metal\n", "hello world\n"], ids=["units", "hello"])
+def test_text_file_as_model_is_one_clean_message(content, nprocs, argon_data, tmp_path):
+    """Before: ``IndexError: pop from empty list`` (``KeyError: 101``) and a traceback on
+    every rank."""
     text = tmp_path / "text.pt"
-    text.write_text("pair_style lj/cut 8.5\n")
+    text.write_text(content)
     run = run_lammps(_script(argon_data, text, "Ar"), nprocs, tmp_path, timeout=TIMEOUT)
     _assert_fails_with(run, f"cannot load model {text}", "not a torch archive")
     assert "Traceback" not in run.output, run.output[-3000:]

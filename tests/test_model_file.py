@@ -354,9 +354,13 @@ def test_string_format_version(tmp_path):
         load_model(path)
 
 
-def test_text_file_as_model(tmp_path):
+@pytest.mark.parametrize(
+    "content", ["units metal\n", "hello world\n", "."], ids=["IndexError", "KeyError", "stop"]
+)
+def test_text_file_as_model(tmp_path, content):
+    """torch's legacy reader raised IndexError or KeyError on these."""
     path = tmp_path / "text.pt"
-    path.write_text("pair_style lj/cut 8.5\npair_coeff * * 0.0104 3.4\n")
+    path.write_text(content)
     message = f"cannot read model file {path}: not a torch archive (corrupt or truncated?)"
     with pytest.raises(ModelFileError, match=re.escape(message)):
         load_model(path)

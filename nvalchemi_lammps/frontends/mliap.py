@@ -194,6 +194,7 @@ class MLIAPModel(MLIAPUnified):
         )
         self.potential = potential
         self._in_flight: torch.Tensor | None = None
+        self._evaluations = 0  # compute_forces calls, for the messages
 
     def __reduce__(self) -> tuple[type, tuple[dict[str, Any]]]:
         return (MLIAPModel, (model_record(self.potential),))
@@ -207,7 +208,22 @@ class MLIAPModel(MLIAPUnified):
     def compute_forces(self, data: Any) -> None:
         """One rank's energies and pair forces, written into ``data``. Every rank runs the
         engine every call, also with no atoms, since a potential's exchanges are
-        collective."""
+        collective.
+
+        Any failure reaches LAMMPS as an ``Exception`` with its type and message: LAMMPS's
+        ML-IAP prints a pending exception with ``PyErr_Print``, which on ``SystemExit``
+        ends the process without a word, and ``KeyboardInterrupt`` would not say where.
+        """
+        self._evaluations += 1
+        try:
+            self._compute_forces(data)
+        except Exception:
+            raise
+        except BaseException as err:  # noqa: BLE001  (SystemExit, KeyboardInterrupt, ...)
+            text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+            raise RuntimeError(f"the {self.potential.name} model raised {text}") from err
+
+    def _compute_forces(self, data: Any) -> None:
         comm = self._comm(data)
         nlocal, species, pair_i, pair_j, rij = _read(data, potential_device(self.potential))
         self._in_flight = None  # _read waited for Kokkos, which is done reading it
@@ -215,7 +231,33 @@ class MLIAPModel(MLIAPUnified):
             self.potential.to(rij.device)
         with torch.enable_grad():
             result = evaluate(self.potential, nlocal, species, pair_i, pair_j, rij, comm)
+        if not result.finite:  # read with the energy: no extra host sync
+            raise FloatingPointError(self._non_finite(result, pair_i, pair_j, rij))
         self._in_flight = _write(data, result, kokkos=hasattr(data, "update_pair_forces_gpu"))
+
+    def _non_finite(
+        self, result: Evaluation, pair_i: torch.Tensor, pair_j: torch.Tensor, rij: torch.Tensor
+    ) -> str:
+        """What to say about a non-finite result (only then computed). ML-IAP hands a model
+        neither atom IDs nor the step: atoms are rows of this rank's ML-IAP arrays."""
+        where = (
+            f"the {self.potential.name} model at its evaluation {self._evaluations} on this "
+            "rank (ML-IAP gives a model neither the step nor atom IDs; pair_style nvalchemi "
+            "names both)"
+        )
+        same = (rij == 0).all(dim=1).nonzero()[:, 0]
+        if same.numel():
+            k = int(same[0])
+            return (
+                f"atoms at rows {int(pair_i[k])} and {int(pair_j[k])} of this rank are on the "
+                f"same spot, where {where} gives no finite energy"
+            )
+        rows = (~torch.isfinite(result.atom_energies)).nonzero()[:, 0].tolist()
+        bad_pairs = (~torch.isfinite(result.pair_forces).all(dim=1)).nonzero()[:, 0]
+        rows += pair_i[bad_pairs].tolist() + pair_j[bad_pairs].tolist()
+        rows = sorted(set(rows))
+        shown = " ".join(map(str, rows[:8])) + (f" ... ({len(rows)} atoms)" if len(rows) > 8 else "")
+        return f"{where} returned non-finite energies or forces on atoms at rows {shown}"
 
     def _comm(self, data: Any) -> MliapComm:
         """The exchanges a message-passing model needs, or a clear stop. Decided from the
