@@ -233,3 +233,15 @@ def test_null_outside_hybrid_is_a_clear_error(nprocs, argon_data, tmp_path):
         "pair_coeff * * for pair style nvalchemi maps atom type 2 to NULL",
         "NULL is for pair_style hybrid",
     )
+
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=lambda n: f"np{n}")
+def test_mace_model_needing_cuequivariance_names_the_package(nprocs, argon_data, tmp_path):
+    """A MACE model exported where cuequivariance was installed, loaded where it is not
+    (this environment): before, "model file ... is damaged or incomplete"."""
+    from pathlib import Path
+
+    model = Path(__file__).parent / "data" / "mace_reduced_cg.pt"
+    run = run_lammps(_script(argon_data, model), nprocs, tmp_path, timeout=TIMEOUT)
+    _assert_fails_with(run, f"cannot load model {model}", "pip install cuequivariance-torch")
+    assert "damaged" not in _errors(run)
