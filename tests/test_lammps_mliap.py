@@ -363,35 +363,56 @@ def test_non_finite_results_stop_mliap(mliap_lammps, argon_data, nprocs, tmp_pat
     assert "Non-numeric" not in run.output
 
 
-def test_atoms_on_the_same_spot_stop_mliap(mliap_lammps, lj_model, argon_data, tmp_path):
-    """One rank: under ML-IAP an error on some ranks only waits in LAMMPS's error->all."""
+@pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])
+def test_atoms_on_the_same_spot_stop_mliap(mliap_lammps, argon_data, nprocs, tmp_path):
+    """At 2 ranks only the rank owning the atoms fails: before, LAMMPS's error->all would
+    have waited for the other rank forever."""
     move = "set atom 2 x $(x[1]:%.17g) y $(y[1]:%.17g) z $(z[1]:%.17g)"
     lj = save_model(lennard_jones(fcc_argon_222(), cutoff=6.0), tmp_path / "lj.pt")
     script = _argon_script(argon_data, lj, move)
-    run = mliap_lammps.run(script, 1, tmp_path, timeout=300)
+    run = mliap_lammps.run(script, nprocs, tmp_path, timeout=120)
     assert run.returncode not in (0, -9), run.output[-3000:]
     assert "of this rank are on the same spot" in run.output, run.output[-3000:]
 
 
 @pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])
 @pytest.mark.parametrize(
-    ("raises", "message"), [("exit", "SystemExit: 3"), ("interrupt", "KeyboardInterrupt")]
+    ("raises", "failing_rank", "message"),
+    [
+        ("exit", -1, "SystemExit: 3"),
+        ("interrupt", -1, "KeyboardInterrupt"),
+        ("exit", 1, "SystemExit: 3"),
+    ],
+    ids=["exit-all-ranks", "interrupt-all-ranks", "exit-rank-1"],
 )
 def test_base_exception_in_a_model_is_an_mliap_error(
-    mliap_lammps, argon_data, raises, message, nprocs, tmp_path
+    mliap_lammps, argon_data, raises, failing_rank, message, nprocs, tmp_path
 ):
-    """Before, SystemExit ended the run with no message (PyErr_Print exits on it)."""
+    """Before, SystemExit ended the run with no message (PyErr_Print exits on it), and an
+    error on rank 1 only hung in LAMMPS's error->all. One rank: LAMMPS's own error; more:
+    the adapter aborts every rank, as error->one does."""
     from _broken_models import ExitingLennardJones
 
+    if failing_rank >= nprocs:
+        failing_rank = 0
     model = save_model(
-        ExitingLennardJones(["Ar"], {"Ar": 0.0104}, {"Ar": 3.4}, cutoff=8.5, raises=raises),
+        ExitingLennardJones(
+            ["Ar"], {"Ar": 0.0104}, {"Ar": 3.4}, cutoff=8.5, raises=raises,
+            failing_rank=failing_rank,
+        ),
         tmp_path / "exiting.pt",
     )
     env = _with_test_models(mliap_lammps, tmp_path / "site")
     run = run_lammps(
-        _argon_script(argon_data, model), nprocs, tmp_path, timeout=300, env=env,
+        _argon_script(argon_data, model), nprocs, tmp_path, timeout=120, env=env,
         lmp=mliap_lammps.lmp,
     )
     assert run.returncode not in (0, -9), run.output[-3000:]
-    assert f"the test_exiting_lennard_jones model raised {message}" in run.output, run.output[-3000:]
-    assert "Running mliappy unified compute_forces failure" in run.output
+    expected = f"RuntimeError: the test_exiting_lennard_jones model raised {message}"
+    assert expected in run.output, run.output[-3000:]
+    if nprocs == 1:
+        assert "Running mliappy unified compute_forces failure" in run.output
+    else:
+        assert f"ERROR on proc {max(failing_rank, 0)}: {expected}" in run.output or (
+            failing_rank < 0 and f"ERROR on proc 1: {expected}" in run.output
+        ), run.output[-3000:]

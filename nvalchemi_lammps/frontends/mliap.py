@@ -9,8 +9,10 @@ copying, the engine runs the potential, :func:`_write` hands energies and pair f
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -63,6 +65,46 @@ def _unified_base() -> type:
 
 
 MLIAPUnified = _unified_base()
+
+
+#: MPICH's ``MPI_COMM_WORLD`` handle (also Intel MPI's, Cray MPICH's); Open MPI's is the
+#: address of its symbol ``ompi_mpi_comm_world``.
+MPICH_COMM_WORLD = 0x44000000
+
+
+def _abort_if_parallel(error: BaseException) -> None:
+    """On more than one MPI rank, print ``error`` for this rank and abort every rank, as
+    LAMMPS's ``error->one`` does. ML-IAP turns a Python exception into ``error->all``,
+    which waits for every rank: an error on some ranks only would hang the run
+    (src/ML-IAP/mliap_unified.cpp). On one rank, or without MPI, it returns and the
+    exception goes to LAMMPS as usual."""
+    try:
+        lib = ctypes.CDLL(None)  # the MPI library LAMMPS runs on, if one is loaded
+        flag = ctypes.c_int(0)
+        if lib.MPI_Initialized(ctypes.byref(flag)) != 0 or not flag.value:
+            return
+        if lib.MPI_Finalized(ctypes.byref(flag)) != 0 or flag.value:
+            return
+        try:
+            world: Any = ctypes.c_void_p(
+                ctypes.addressof(ctypes.c_char.in_dll(lib, "ompi_mpi_comm_world"))
+            )
+        except ValueError:
+            world = ctypes.c_int(MPICH_COMM_WORLD)
+        rank, size = ctypes.c_int(0), ctypes.c_int(1)
+        if lib.MPI_Comm_size(world, ctypes.byref(size)) != 0 or size.value < 2:
+            return
+        lib.MPI_Comm_rank(world, ctypes.byref(rank))
+    except (OSError, AttributeError):  # no MPI in this process
+        return
+    print(
+        f"ERROR on proc {rank.value}: {type(error).__name__}: {error} (pair_style mliap "
+        "unified: nvalchemi-lammps stops every rank, since an error on some ranks only "
+        "would leave LAMMPS waiting for the others)",
+        file=sys.stderr,
+        flush=True,
+    )
+    lib.MPI_Abort(world, 1)
 
 
 def _fence(tensor: torch.Tensor) -> None:
@@ -217,11 +259,13 @@ class MLIAPModel(MLIAPUnified):
         self._evaluations += 1
         try:
             self._compute_forces(data)
-        except Exception:
-            raise
         except BaseException as err:  # noqa: BLE001  (SystemExit, KeyboardInterrupt, ...)
-            text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-            raise RuntimeError(f"the {self.potential.name} model raised {text}") from err
+            error = err
+            if not isinstance(err, Exception):
+                text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+                error = RuntimeError(f"the {self.potential.name} model raised {text}")
+            _abort_if_parallel(error)
+            raise error from (None if error is err else err)
 
     def _compute_forces(self, data: Any) -> None:
         comm = self._comm(data)
