@@ -18,7 +18,6 @@ import argparse
 import re
 import statistics
 import tempfile
-import textwrap
 import timeit
 from pathlib import Path
 
@@ -55,9 +54,11 @@ def _run(workdir: Path, model: Path, args, checked: bool) -> tuple[float, float]
     }
     header = "".join(f"variable {k} index {v}\n" for k, v in variables.items())
     run = run_lammps(header + script, args.ranks, workdir, env={"PYTHONPATH": str(site)}).check()
-    loops = re.findall(r"^Loop time of (\S+) on \d+ procs for (\d+) steps", run.output, re.M)
-    pairs = re.findall(r"^Pair\s+\|\s+\S+\s+\|\s+(\S+)", run.output, re.M)
-    cpu = re.findall(r"^(\S+)% CPU use", run.output, re.M)
+    loops = re.findall(
+        r"^Loop time of (\S+) on \d+ procs for (\d+) steps", run.output, re.MULTILINE
+    )
+    pairs = re.findall(r"^Pair\s+\|\s+\S+\s+\|\s+(\S+)", run.output, re.MULTILINE)
+    cpu = re.findall(r"^(\S+)% CPU use", run.output, re.MULTILINE)
     seconds, steps = float(loops[-1][0]), int(loops[-1][1])
     # on a shared machine the CPU time per step scatters less than the wall time
     return (
@@ -94,15 +95,21 @@ def main(argv: list[str] | None = None) -> None:
             for checked in (True, False):
                 times[checked].append(_run(workdir, model, args, checked))
     natoms = 4 * args.cells**3
-    print(f"argon fcc, {natoms} atoms, {args.ranks} rank(s), {args.steps} NVE steps, "
-          f"median of {args.repeats} (torch {torch.__version__}, {torch.get_num_threads()} threads here)")
+    print(
+        f"argon fcc, {natoms} atoms, {args.ranks} rank(s), {args.steps} NVE steps, "
+        f"median of {args.repeats} (torch {torch.__version__}, {torch.get_num_threads()} threads here)"
+    )
     for checked in (True, False):
         step, pair, cpu = (statistics.median(t[k] for t in times[checked]) for k in range(3))
         label = "with the check" if checked else "without"
-        print(f"  {label:15s} {step:8.3f} ms/step   Pair {pair:8.3f} ms/step   CPU {cpu:8.3f} ms/step")
+        print(
+            f"  {label:15s} {step:8.3f} ms/step   Pair {pair:8.3f} ms/step   CPU {cpu:8.3f} ms/step"
+        )
     npairs = natoms * 75 // args.ranks  # argon within 8.5 A: ~75 neighbors per atom
     alone, previous = _check_alone(npairs, natoms // args.ranks)
-    print(f"  the check alone on {npairs} pairs: {alone:.3f} ms (previous energy read {previous:.3f} ms)")
+    print(
+        f"  the check alone on {npairs} pairs: {alone:.3f} ms (previous energy read {previous:.3f} ms)"
+    )
 
 
 def _default_model(workdir: Path) -> Path:

@@ -143,7 +143,7 @@ def _checked(record: object, path: str | os.PathLike | None) -> LoadedModel:
         name = str(path) if path is not None else "the file"
         raise ModelFileError(f"{name} is not an nvalchemi-lammps model file")
     version = record.get("format_version")
-    if version is not None and type(version) is not int:  # noqa: E721  (nor a bool)
+    if version is not None and type(version) is not int:
         raise ModelFileError(
             f"{where} has format version {version!r} ({type(version).__name__}), where "
             f"nvalchemi-lammps writes an integer, now {FORMAT_VERSION}: the file is damaged or "

@@ -33,8 +33,9 @@ AR_NE = {
 def _script(data, model, elements: str = "Ar", before_run: str = "", run: str = "run 0") -> str:
     """Thermal argon (one atom type, another per further element in ``elements``)."""
     extra = len(elements.split()) - 1
-    return textwrap.dedent(
-        f"""\
+    return (
+        textwrap.dedent(
+            f"""\
         units metal
         atom_style atomic
         atom_modify map array
@@ -43,7 +44,10 @@ def _script(data, model, elements: str = "Ar", before_run: str = "", run: str = 
         pair_style nvalchemi {model}
         pair_coeff * * {elements}
         """
-    ) + textwrap.dedent(before_run) + f"\n{run}\n"
+        )
+        + textwrap.dedent(before_run)
+        + f"\n{run}\n"
+    )
 
 
 def _errors(run) -> str:
@@ -65,9 +69,13 @@ def _flip(path, out, xor: int = 0x40):
     import numpy as np
 
     with zipfile.ZipFile(path) as archive:
-        info = [i for i in archive.infolist() if "/data/" in i.filename and "serial" not in i.filename][-1]
+        info = [
+            i for i in archive.infolist() if "/data/" in i.filename and "serial" not in i.filename
+        ][-1]
     data = bytearray(path.read_bytes())
-    name_length, extra_length = np.frombuffer(data[info.header_offset + 26 : info.header_offset + 30], "<u2")
+    name_length, extra_length = np.frombuffer(
+        data[info.header_offset + 26 : info.header_offset + 30], "<u2"
+    )
     data[info.header_offset + 30 + int(name_length) + int(extra_length) + info.file_size - 2] ^= xor
     out.write_bytes(bytes(data))
     return out

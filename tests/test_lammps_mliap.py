@@ -397,14 +397,22 @@ def test_base_exception_in_a_model_is_an_mliap_error(
         failing_rank = 0
     model = save_model(
         ExitingLennardJones(
-            ["Ar"], {"Ar": 0.0104}, {"Ar": 3.4}, cutoff=8.5, raises=raises,
+            ["Ar"],
+            {"Ar": 0.0104},
+            {"Ar": 3.4},
+            cutoff=8.5,
+            raises=raises,
             failing_rank=failing_rank,
         ),
         tmp_path / "exiting.pt",
     )
     env = _with_test_models(mliap_lammps, tmp_path / "site")
     run = run_lammps(
-        _argon_script(argon_data, model), nprocs, tmp_path, timeout=120, env=env,
+        _argon_script(argon_data, model),
+        nprocs,
+        tmp_path,
+        timeout=120,
+        env=env,
         lmp=mliap_lammps.lmp,
     )
     assert run.returncode not in (0, -9), run.output[-3000:]

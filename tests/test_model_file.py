@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pickle
-import warnings
 import re
+import warnings
 
 import numpy as np
 import pytest

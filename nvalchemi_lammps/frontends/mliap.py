@@ -300,7 +300,9 @@ class MLIAPModel(MLIAPUnified):
         bad_pairs = (~torch.isfinite(result.pair_forces).all(dim=1)).nonzero()[:, 0]
         rows += pair_i[bad_pairs].tolist() + pair_j[bad_pairs].tolist()
         rows = sorted(set(rows))
-        shown = " ".join(map(str, rows[:8])) + (f" ... ({len(rows)} atoms)" if len(rows) > 8 else "")
+        shown = " ".join(map(str, rows[:8])) + (
+            f" ... ({len(rows)} atoms)" if len(rows) > 8 else ""
+        )
         return f"{where} returned non-finite energies or forces on atoms at rows {shown}"
 
     def _comm(self, data: Any) -> MliapComm:
