@@ -143,7 +143,7 @@ def _checked(record: object, path: str | os.PathLike | None) -> LoadedModel:
         name = str(path) if path is not None else "the file"
         raise ModelFileError(f"{name} is not an nvalchemi-lammps model file")
     version = record.get("format_version")
-    if version is not None and type(version) is not int:
+    if version is not None and type(version) is not int:  # a bool is no version either
         raise ModelFileError(
             f"{where} has format version {version!r} ({type(version).__name__}), where "
             f"nvalchemi-lammps writes an integer, now {FORMAT_VERSION}: the file is damaged or "
@@ -178,7 +178,7 @@ def _checked(record: object, path: str | os.PathLike | None) -> LoadedModel:
     elif written != digest:
         raise ModelFileError(
             f"{where} is damaged: its contents do not match the digest written with them "
-            f"({written!r:.24}..., contents {digest:.17}...); {REEXPORT}"
+            f"(written {str(written)[:23]}..., contents {digest[:23]}...); {REEXPORT}"
         )
     try:
         cls = potential_class(record.get("potential"))
