@@ -185,12 +185,10 @@ void PairNvalchemi::compute(int eflag, int vflag)
   PairCollectives collectives(this, atom, world);
   try {
     session->compute(step, result, &collectives);
-  } catch (NvalchemiLammps::PythonError &err) {
+  } catch (std::exception &err) {
     // rank-local failure: error->one aborts every rank instead of leaving the
     // others waiting in the next collective
-    log_traceback(err.traceback());
-    error->one(FLERR, "Pair style nvalchemi failed at step {}: {}", update->ntimestep, err.what());
-  } catch (std::exception &err) {
+    log_traceback(err);
     error->one(FLERR, "Pair style nvalchemi failed at step {}: {}", update->ntimestep, err.what());
   }
   if (!std::isfinite(result.energy))
@@ -281,7 +279,9 @@ void PairNvalchemi::stop_nonfinite(int npairs, bool atom_forces_written, const b
   if (ids.size() > SHOWN) named += fmt::format(" ... ({} atoms)", ids.size());
   error->one(FLERR, "Pair style nvalchemi: {} returned non-finite energies or forces at step "
              "{}{}", model, update->ntimestep,
-             ids.empty() ? std::string(" (their sum overflows)") : " on atoms" + named);
+             ids.empty() ? std::string(" (each value is finite: their sum overflows, or the "
+                                       "virial is not finite)")
+                         : " on atoms" + named);
 }
 
 /* ----------------------------------------------------------------------
@@ -289,12 +289,13 @@ void PairNvalchemi::stop_nonfinite(int npairs, bool atom_forces_written, const b
    once; every failing rank's error message carries the exception's text
 ------------------------------------------------------------------------- */
 
-void PairNvalchemi::log_traceback(const std::string &traceback)
+void PairNvalchemi::log_traceback(const std::exception &err)
 {
-  if (traceback.empty() || comm->me != 0) return;
+  const auto *python = dynamic_cast<const NvalchemiLammps::PythonError *>(&err);
+  if (!python || python->traceback().empty() || comm->me != 0) return;
   FILE *out = logfile ? logfile : screen;
   if (!out) return;
-  fmt::print(out, "pair_style nvalchemi: Python traceback:\n{}", traceback);
+  fmt::print(out, "pair_style nvalchemi: Python traceback:\n{}", python->traceback());
   fflush(out);
 }
 
@@ -517,11 +518,9 @@ void PairNvalchemi::settings(int narg, char **arg)
   std::string message;
   try {
     session = new PythonSession(model_path, comm->nthreads, device, local_rank);
-  } catch (NvalchemiLammps::PythonError &err) {
-    message = err.what();
-    log_traceback(err.traceback());
   } catch (std::exception &err) {
     message = err.what();
+    log_traceback(err);
   }
 
   // A failure on some ranks only must still stop every rank.
@@ -541,6 +540,7 @@ void PairNvalchemi::settings(int narg, char **arg)
     session->set_system_state(total_charge, spin, task);
     compiled = session->set_compile(compile_mode);
   } catch (std::exception &err) {
+    log_traceback(err);
     error->all(FLERR, "pair_style nvalchemi: {}", err.what());
   }
   compiling = compile_mode != "no";
@@ -601,6 +601,7 @@ void PairNvalchemi::finish()
   try {
     status = session->compile_status();
   } catch (std::exception &err) {
+    log_traceback(err);
     error->one(FLERR, "pair_style nvalchemi: {}", err.what());
   }
   long local[2] = {status.graphs - compiled_before, status.graphs}, most[2];
@@ -685,6 +686,7 @@ void PairNvalchemi::coeff(int narg, char **arg)
   try {
     mapped = session->map_types(names);
   } catch (std::exception &err) {
+    log_traceback(err);
     error->all(FLERR, "pair_coeff for pair style nvalchemi: {}", err.what());
   }
 

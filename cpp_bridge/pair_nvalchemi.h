@@ -15,6 +15,7 @@ PairStyle(nvalchemi,PairNvalchemi);
 
 #include "pair.h"
 
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -89,7 +90,7 @@ class PairNvalchemi : public Pair {
   void check_same_model();
   void stop_nonfinite(int npairs, bool atom_forces_written, const bigint *slot_i,
                       const bigint *slot_j);
-  void log_traceback(const std::string &traceback);
+  void log_traceback(const std::exception &err);
   void grow_buffers(int natoms, int npairs);
   void build_topology();
   void build_exchange_plan();
