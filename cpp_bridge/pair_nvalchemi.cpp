@@ -189,7 +189,8 @@ void PairNvalchemi::compute(int eflag, int vflag)
     // rank-local failure: error->one aborts every rank instead of leaving the
     // others waiting in the next collective
     log_traceback(err);
-    error->one(FLERR, "Pair style nvalchemi failed at step {}: {}", update->ntimestep, err.what());
+    error->one(FLERR, "Pair style nvalchemi failed at step {}: {}", update->ntimestep,
+               with_type(err));
   }
   if (!std::isfinite(result.energy))
     stop_nonfinite(result.npairs, result.atom_forces_written, slot_i, slot_j);
@@ -282,6 +283,18 @@ void PairNvalchemi::stop_nonfinite(int npairs, bool atom_forces_written, const b
              ids.empty() ? std::string(" (each value is finite: their sum overflows, or the "
                                        "virial is not finite)")
                          : " on atoms" + named);
+}
+
+/* ----------------------------------------------------------------------
+   an error's text led by its Python exception type, once
+------------------------------------------------------------------------- */
+
+std::string PairNvalchemi::with_type(const std::exception &err)
+{
+  const auto *python = dynamic_cast<const NvalchemiLammps::PythonError *>(&err);
+  const std::string text = err.what();
+  if (!python || python->type().empty() || text.rfind(python->type(), 0) == 0) return text;
+  return python->type() + ": " + text;
 }
 
 /* ----------------------------------------------------------------------

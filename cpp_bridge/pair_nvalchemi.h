@@ -91,6 +91,7 @@ class PairNvalchemi : public Pair {
   void stop_nonfinite(int npairs, bool atom_forces_written, const bigint *slot_i,
                       const bigint *slot_j);
   void log_traceback(const std::exception &err);
+  static std::string with_type(const std::exception &err);
   void grow_buffers(int natoms, int npairs);
   void build_topology();
   void build_exchange_plan();

@@ -78,8 +78,9 @@ std::string format_traceback(PyObject *value)
   PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
   PyErr_Fetch(&type, &value, &traceback);
   PyErr_NormalizeException(&type, &value, &traceback);
-  std::string text = "unknown Python error", trace;
+  std::string text = "unknown Python error", trace, name;
   if (type && value) {
+    name = reinterpret_cast<PyTypeObject *>(type)->tp_name;
     if (traceback) PyException_SetTraceback(value, traceback);
     const bool expected = PyErr_GivenExceptionMatches(type, PyExc_ValueError) ||
         PyErr_GivenExceptionMatches(type, PyExc_OSError) ||
@@ -89,7 +90,6 @@ std::string format_traceback(PyObject *value)
     PyErr_Clear();
     text = message ? message : "";
     if (!expected) {
-      const std::string name = reinterpret_cast<PyTypeObject *>(type)->tp_name;
       text = text.empty() ? name : name + ": " + text;
       trace = format_traceback(value);
     }
@@ -98,7 +98,7 @@ std::string format_traceback(PyObject *value)
   Py_XDECREF(value);
   Py_XDECREF(traceback);
   PyErr_Clear();
-  throw PythonError(context + text, trace);
+  throw PythonError(context + text, trace, name);
 }
 
 /* ----------------------------------------------------------------------

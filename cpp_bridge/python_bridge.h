@@ -20,14 +20,18 @@ namespace NvalchemiLammps {
 // traceback: the pair style writes it to the log once instead of every rank's screen.
 class PythonError : public std::runtime_error {
  public:
-  explicit PythonError(const std::string &what, std::string traceback = "") :
-      std::runtime_error(what), traceback_(std::move(traceback))
+  explicit PythonError(const std::string &what, std::string traceback = "",
+                       std::string type = "") :
+      std::runtime_error(what), traceback_(std::move(traceback)), type_(std::move(type))
   {
   }
   const std::string &traceback() const { return traceback_; }
+  // the exception's type name ("ValueError"), "" when not from a Python exception
+  const std::string &type() const { return type_; }
 
  private:
   std::string traceback_;
+  std::string type_;
 };
 
 // LAMMPS's communication as the model sees it, on rows of doubles laid out as
