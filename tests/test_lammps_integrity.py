@@ -253,3 +253,20 @@ def test_mace_model_needing_cuequivariance_names_the_package(nprocs, argon_data,
     run = run_lammps(_script(argon_data, model), nprocs, tmp_path, timeout=TIMEOUT)
     _assert_fails_with(run, f"cannot load model {model}", "pip install cuequivariance-torch")
     assert "damaged" not in _errors(run)
+
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=lambda n: f"np{n}")
+def test_string_format_version_says_what_is_wrong(nprocs, argon_data, tmp_path):
+    """Before: "has format version '2', this nvalchemi-lammps reads version 2"."""
+    import torch
+
+    record = read_record(save_model(LennardJones(**ARGON, cutoff=CUTOFF), tmp_path / "a.pt"))
+    record["format_version"] = str(record["format_version"])
+    model = tmp_path / "string_version.pt"
+    torch.save(_Wrapped(record), model)
+    run = run_lammps(_script(argon_data, model), nprocs, tmp_path, timeout=TIMEOUT)
+    _assert_fails_with(
+        run,
+        f"cannot load model {model}",
+        "has format version '2' (str), where nvalchemi-lammps writes an integer, now 2",
+    )
