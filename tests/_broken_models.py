@@ -76,6 +76,11 @@ class NonFiniteLennardJones(LennardJones):
         self._config.update(poisoned=poisoned, from_call=from_call)
         self.calls = 0
 
+    def pair_terms(self, graph: LocalGraph) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """No closed form: the engine must run :meth:`forward` (issue 18 gives the plain
+        Lennard-Jones one, which would skip it)."""
+        return None
+
     def forward(self, graph: LocalGraph) -> Any:
         energies = super().forward(graph)
         self.calls += 1
@@ -98,6 +103,10 @@ class ExitingLennardJones(LennardJones):
     ) -> None:
         super().__init__(*args, **kwargs)
         self._config.update(raises=raises, failing_rank=failing_rank)
+
+    def pair_terms(self, graph: LocalGraph) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """No closed form: the engine must run :meth:`forward` (see above)."""
+        return None
 
     def forward(self, graph: LocalGraph) -> Any:
         rank = self._config["failing_rank"]
