@@ -33,6 +33,7 @@
 #include "python_bridge.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <unordered_map>
@@ -187,8 +188,12 @@ void PairNvalchemi::compute(int eflag, int vflag)
   } catch (std::exception &err) {
     // rank-local failure: error->one aborts every rank instead of leaving the
     // others waiting in the next collective
-    error->one(FLERR, "Pair style nvalchemi failed: {}", err.what());
+    log_traceback(err);
+    error->one(FLERR, "Pair style nvalchemi failed at step {}: {}", update->ntimestep,
+               with_type(err));
   }
+  if (!std::isfinite(result.energy))
+    stop_nonfinite(result.npairs, result.atom_forces_written, slot_i, slot_j);
 
   for (int k = 0; k < result.npairs; k++) {
     const int i = static_cast<int>(slot_i[k]);
@@ -225,6 +230,86 @@ void PairNvalchemi::compute(int eflag, int vflag)
     for (int i = 0; i < nlocal; i++) eatom[i] += atom_energies[i];
 
   if (vflag_fdotr) virial_fdotr_compute();
+}
+
+/* ----------------------------------------------------------------------
+   the model gave a non-finite energy or force on this rank (the energy comes
+   back NaN then): stop here, naming the atoms. Runs only on failure, so the
+   search costs nothing per step. Atoms on the same spot are the usual cause.
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::stop_nonfinite(int npairs, bool atom_forces_written, const bigint *slot_i,
+                                   const bigint *slot_j)
+{
+  static constexpr int SHOWN = 8;    // atom IDs named in the message
+  const tagint *tag = atom->tag;
+  double **x = atom->x;
+  const int nlocal = atom->nlocal;
+  const int ntotal = nlocal + atom->nghost;
+  const std::string model = fmt::format("the {} ({})",
+      session->description().substr(0, session->description().find(':')), model_path);
+
+  for (int k = 0; k < ncandidates; k++) {
+    const bigint i = candidate_i[k], j = candidate_j[k];
+    if (x[i][0] == x[j][0] && x[i][1] == x[j][1] && x[i][2] == x[j][2])
+      error->one(FLERR, "Pair style nvalchemi: atoms {} and {} are on the same spot ({} {} {}) "
+                 "at step {}, where {} gives no finite energy", tag[i], tag[j], x[i][0], x[i][1],
+                 x[i][2], update->ntimestep, model);
+  }
+
+  std::vector<tagint> ids;
+  auto bad = [](const double *v, int n) {
+    for (int c = 0; c < n; c++)
+      if (!std::isfinite(v[c])) return true;
+    return false;
+  };
+  for (int i = 0; i < nlocal; i++)
+    if (bad(atom_energies + i, 1)) ids.push_back(tag[i]);
+  for (int k = 0; k < npairs; k++)
+    if (bad(pair_forces + 3 * k, 3)) {
+      ids.push_back(tag[slot_i[k]]);
+      ids.push_back(tag[slot_j[k]]);
+    }
+  if (atom_forces_written)
+    for (int k = 0; k < ntotal; k++)
+      if (bad(atom_forces + 3 * k, 3)) ids.push_back(tag[k]);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  std::string named;
+  for (size_t k = 0; k < ids.size() && k < SHOWN; k++) named += fmt::format(" {}", ids[k]);
+  if (ids.size() > SHOWN) named += fmt::format(" ... ({} atoms)", ids.size());
+  error->one(FLERR, "Pair style nvalchemi: {} returned non-finite energies or forces at step "
+             "{}{}", model, update->ntimestep,
+             ids.empty() ? std::string(" (each value is finite: their sum overflows, or the "
+                                       "virial is not finite)")
+                         : " on atoms" + named);
+}
+
+/* ----------------------------------------------------------------------
+   an error's text led by its Python exception type, once
+------------------------------------------------------------------------- */
+
+std::string PairNvalchemi::with_type(const std::exception &err)
+{
+  const auto *python = dynamic_cast<const NvalchemiLammps::PythonError *>(&err);
+  const std::string text = err.what();
+  if (!python || python->type().empty() || text.rfind(python->type(), 0) == 0) return text;
+  return python->type() + ": " + text;
+}
+
+/* ----------------------------------------------------------------------
+   a Python traceback goes to the log of rank 0 (its screen without a log),
+   once; every failing rank's error message carries the exception's text
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::log_traceback(const std::exception &err)
+{
+  const auto *python = dynamic_cast<const NvalchemiLammps::PythonError *>(&err);
+  if (!python || python->traceback().empty() || comm->me != 0) return;
+  FILE *out = logfile ? logfile : screen;
+  if (!out) return;
+  fmt::print(out, "pair_style nvalchemi: Python traceback:\n{}", python->traceback());
+  fflush(out);
 }
 
 /* ----------------------------------------------------------------------
@@ -442,12 +527,13 @@ void PairNvalchemi::settings(int narg, char **arg)
   MPI_Comm_rank(node, &local_rank);
   MPI_Comm_free(&node);
 
-  const std::string model_path = arg[0];
+  model_path = arg[0];
   std::string message;
   try {
     session = new PythonSession(model_path, comm->nthreads, device, local_rank);
   } catch (std::exception &err) {
     message = err.what();
+    log_traceback(err);
   }
 
   // A failure on some ranks only must still stop every rank.
@@ -459,6 +545,7 @@ void PairNvalchemi::settings(int narg, char **arg)
   if (failed) error->one(FLERR, "Pair style nvalchemi cannot load model {}: {}", model_path, message);
   if (nfailed) error->all(FLERR, "Pair style nvalchemi: model {} failed to load on {} rank(s)",
                           model_path, nfailed);
+  check_same_model();
 
   // the model may refuse a strategy: deterministic, so the same on every rank
   try {
@@ -466,6 +553,7 @@ void PairNvalchemi::settings(int narg, char **arg)
     session->set_system_state(total_charge, spin, task);
     compiled = session->set_compile(compile_mode);
   } catch (std::exception &err) {
+    log_traceback(err);
     error->all(FLERR, "pair_style nvalchemi: {}", err.what());
   }
   compiling = compile_mode != "no";
@@ -485,6 +573,36 @@ void PairNvalchemi::settings(int narg, char **arg)
 }
 
 /* ----------------------------------------------------------------------
+   every rank loaded the same model: node-local copies of a model file may
+   differ, so the digests of what the ranks loaded are compared, and all stop
+   together naming the ranks whose model differs from rank 0's
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::check_same_model()
+{
+  static constexpr int DIGEST_CHARS = 80;    // "sha256:" + 64 hex digits, NUL-padded
+  char mine[DIGEST_CHARS] = {};
+  strncpy(mine, session->digest().c_str(), DIGEST_CHARS - 1);
+  std::vector<char> all(static_cast<size_t>(DIGEST_CHARS) * comm->nprocs);
+  MPI_Allgather(mine, DIGEST_CHARS, MPI_CHAR, all.data(), DIGEST_CHARS, MPI_CHAR, world);
+  std::string differ;
+  int ndiffer = 0;
+  for (int r = 1; r < comm->nprocs; r++)
+    if (strncmp(&all[DIGEST_CHARS * r], all.data(), DIGEST_CHARS) != 0) {
+      differ += fmt::format("{}{}", ndiffer ? ", " : "", r);
+      ndiffer++;
+    }
+  if (ndiffer)
+    error->all(FLERR, "Pair style nvalchemi: the model differs between ranks: rank(s) {} loaded "
+               "other contents than rank 0 ({}, {:.23}...); give every rank the same model file",
+               differ, model_path, all.data());
+  if (comm->me == 0 && !session->digest_verified())
+    error->warning(FLERR, "Pair style nvalchemi: model file {} carries no digest (written before "
+                   "nvalchemi-lammps checked them): its contents cannot be verified; export it "
+                   "again to add one", model_path);
+}
+
+/* ----------------------------------------------------------------------
    end of a run: how many graphs torch.compile compiled during it (the most on any rank);
    after the first run of an MD simulation this should stay 0
 ------------------------------------------------------------------------- */
@@ -496,6 +614,7 @@ void PairNvalchemi::finish()
   try {
     status = session->compile_status();
   } catch (std::exception &err) {
+    log_traceback(err);
     error->one(FLERR, "pair_style nvalchemi: {}", err.what());
   }
   long local[2] = {status.graphs - compiled_before, status.graphs}, most[2];
@@ -580,10 +699,19 @@ void PairNvalchemi::coeff(int narg, char **arg)
   try {
     mapped = session->map_types(names);
   } catch (std::exception &err) {
+    log_traceback(err);
     error->all(FLERR, "pair_coeff for pair style nvalchemi: {}", err.what());
   }
 
   for (int i = 1; i <= ntypes; i++) map[i] = mapped[i - 1];
+  // NULL leaves a type's pairs to another style: only hybrid has one (LAMMPS would
+  // only say "All pair coeffs are not set")
+  if (force->pair == this)
+    for (int i = 1; i <= ntypes; i++)
+      if (map[i] < 0)
+        error->all(FLERR, "pair_coeff * * for pair style nvalchemi maps atom type {} to NULL, "
+                   "which leaves its pairs without a potential: NULL is for pair_style hybrid "
+                   "or hybrid/overlay, where another pair style covers type {}", i, i);
   int count = 0;
   for (int i = 1; i <= ntypes; i++)
     for (int j = i; j <= ntypes; j++) {

@@ -15,6 +15,8 @@ PairStyle(nvalchemi,PairNvalchemi);
 
 #include "pair.h"
 
+#include <exception>
+#include <string>
 #include <vector>
 
 namespace NvalchemiLammps {
@@ -82,7 +84,14 @@ class PairNvalchemi : public Pair {
   double *atom_forces;        // 3 per owned and ghost atom, from non-pairwise terms
   double extra_virial[6];     // their virial beyond f.r
 
+  std::string model_path;    // as given to pair_style, for the messages
+
   void allocate();
+  void check_same_model();
+  void stop_nonfinite(int npairs, bool atom_forces_written, const bigint *slot_i,
+                      const bigint *slot_j);
+  void log_traceback(const std::exception &err);
+  static std::string with_type(const std::exception &err);
   void grow_buffers(int natoms, int npairs);
   void build_topology();
   void build_exchange_plan();

@@ -50,9 +50,27 @@ class PyRef {
 };
 
 /* ----------------------------------------------------------------------
-   turn the pending Python exception into a PythonError; errors the user can
-   fix (ValueError, OSError, ...) keep to one line, anything else also prints
-   its traceback to stderr on this rank
+   the formatted traceback of an exception object, "" if it cannot be had
+------------------------------------------------------------------------- */
+
+std::string format_traceback(PyObject *value)
+{
+  PyRef module(PyImport_ImportModule("traceback"));
+  PyRef lines(module ? PyObject_CallMethod(module.get(), "format_exception", "O", value) : nullptr);
+  PyRef empty(PyUnicode_FromString(""));
+  PyRef joined(lines && empty ? PyUnicode_Join(empty.get(), lines.get()) : nullptr);
+  const char *text = joined ? PyUnicode_AsUTF8(joined.get()) : nullptr;
+  std::string result = text ? text : "";
+  PyErr_Clear();
+  return result;
+}
+
+/* ----------------------------------------------------------------------
+   turn the pending Python exception, BaseException included, into a
+   PythonError with its type and message. Never PyErr_Print(): on SystemExit
+   it ends the process without a word. Errors the user can fix (ValueError,
+   OSError, ImportError) keep to one line; anything else also carries its
+   traceback, for the pair style to log.
 ------------------------------------------------------------------------- */
 
 [[noreturn]] void raise_python_error(const std::string &context)
@@ -60,29 +78,27 @@ class PyRef {
   PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
   PyErr_Fetch(&type, &value, &traceback);
   PyErr_NormalizeException(&type, &value, &traceback);
-  std::string text = "unknown Python error";
-  if (value) {
+  std::string text = "unknown Python error", trace, name;
+  if (type && value) {
+    name = reinterpret_cast<PyTypeObject *>(type)->tp_name;
+    if (traceback) PyException_SetTraceback(value, traceback);
     const bool expected = PyErr_GivenExceptionMatches(type, PyExc_ValueError) ||
         PyErr_GivenExceptionMatches(type, PyExc_OSError) ||
         PyErr_GivenExceptionMatches(type, PyExc_ImportError);
     PyRef str(PyObject_Str(value));
     const char *message = str ? PyUnicode_AsUTF8(str.get()) : nullptr;
-    const char *name = reinterpret_cast<PyTypeObject *>(type)->tp_name;
+    PyErr_Clear();
     text = message ? message : "";
     if (!expected) {
-      text = std::string(name) + ": " + text;
-      Py_XINCREF(type);
-      Py_XINCREF(value);
-      Py_XINCREF(traceback);
-      PyErr_Restore(type, value, traceback);
-      PyErr_Print();
+      text = text.empty() ? name : name + ": " + text;
+      trace = format_traceback(value);
     }
   }
   Py_XDECREF(type);
   Py_XDECREF(value);
   Py_XDECREF(traceback);
   PyErr_Clear();
-  throw PythonError(context + text);
+  throw PythonError(context + text, trace, name);
 }
 
 /* ----------------------------------------------------------------------
@@ -296,7 +312,7 @@ PyObject *collectives_type()
 PythonSession::PythonSession(const std::string &model_path, int num_threads,
                              const std::string &device, int local_rank) :
     session_(nullptr), cutoff_(0.0), layers_(1), needs_positions_(false), uses_exchange_(false),
-    on_device_(false)
+    on_device_(false), digest_verified_(false)
 {
   start_python();
   GilLock gil;
@@ -325,6 +341,12 @@ PythonSession::PythonSession(const std::string &model_path, int num_threads,
   if (PyErr_Occurred() || !units_text || !description_text) raise_python_error("");
   units_ = units_text;
   description_ = description_text;
+  PyRef digest(PyObject_GetAttrString(session.get(), "digest"));
+  PyRef verified(PyObject_GetAttrString(session.get(), "digest_verified"));
+  const char *digest_text = digest ? PyUnicode_AsUTF8(digest.get()) : nullptr;
+  if (!digest_text || !verified) raise_python_error("");
+  digest_ = digest_text;
+  digest_verified_ = PyObject_IsTrue(verified.get()) == 1;
 
   Py_INCREF(session.get());
   session_ = session.get();

@@ -10,14 +10,28 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace NvalchemiLammps {
 
-// A Python exception, carrying its one-line text ("ValueError: ...").
+// A Python exception, carrying its one-line text ("ValueError: ...") and, for errors
+// that are not the user's to fix (any but ValueError, OSError, ImportError), the
+// traceback: the pair style writes it to the log once instead of every rank's screen.
 class PythonError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit PythonError(const std::string &what, std::string traceback = "",
+                       std::string type = "") :
+      std::runtime_error(what), traceback_(std::move(traceback)), type_(std::move(type))
+  {
+  }
+  const std::string &traceback() const { return traceback_; }
+  // the exception's type name ("ValueError"), "" when not from a Python exception
+  const std::string &type() const { return type_; }
+
+ private:
+  std::string traceback_;
+  std::string type_;
 };
 
 // LAMMPS's communication as the model sees it, on rows of doubles laid out as
@@ -58,6 +72,10 @@ class PythonSession {
   bool uses_exchange() const { return uses_exchange_; }
   const std::string &units() const { return units_; }
   const std::string &description() const { return description_; }
+  // "sha256:..." of the model's contents, and whether the file carried it (verified at
+  // load) or it was computed here (a file written before digests)
+  const std::string &digest() const { return digest_; }
+  bool digest_verified() const { return digest_verified_; }
 
   // model element index per LAMMPS type name, -1 for NULL
   std::vector<int> map_types(const std::vector<std::string> &names);
@@ -113,7 +131,7 @@ class PythonSession {
   };
 
   struct Result {
-    double energy;             // sum of atom_energies
+    double energy;             // sum of atom_energies; NaN when any energy or force is not finite
     double *atom_energies;     // nlocal, written
     double *pair_forces;       // 3 per pair slot: fij = +dE/drij
     int npairs;                // pairs written back (pair_i, pair_j, rij, pair_forces), or 0
@@ -135,6 +153,8 @@ class PythonSession {
   bool on_device_;
   std::string units_;
   std::string description_;
+  std::string digest_;
+  bool digest_verified_;
 };
 
 }    // namespace NvalchemiLammps

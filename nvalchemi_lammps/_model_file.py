@@ -14,13 +14,23 @@ Two readers see the same bytes:
   ``torch.load(weights_only=False)``, which calls ``MLIAPModel(record)``: the same checks
   (:func:`potential_from_record`), then a ready ML-IAP model. That trusts the file, as any
   ML-IAP model file must be trusted.
+
+The record carries a digest of everything else in it (``"digest"``: SHA-256 of a canonical
+encoding of the other entries, tensors by dtype, shape and bytes), written by
+:func:`save_model` and checked by :func:`potential_from_record`: torch's archive does not
+verify its contents, so a flipped bit in a weight would otherwise load as a different model.
+Files written before the digest (same format version) still load, with a warning.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
+import struct
+import warnings
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +46,62 @@ FORMAT_VERSION = 2
 MLIAP_MODEL_GLOBAL = "nvalchemi_lammps.frontends.mliap.MLIAPModel"
 
 
+#: Every entry of a record (``"digest"`` is absent from files written before it).
+RECORD_KEYS = frozenset(
+    {"format", "format_version", "potential", "spec", "config", "state_dict", "digest"}
+)
+#: How to write a model file again, for the messages about damaged files.
+REEXPORT = (
+    "export it again (nvalchemi-lammps export CONFIG.toml -o FILE.pt, or save_model() in "
+    "Python) or copy it again from where it was written"
+)
+
+
 class ModelFileError(ValueError):
     """A model file that is missing, unreadable, or not one we can use."""
 
 
+class ModelFileWarning(UserWarning):
+    """A model file that loads but whose contents cannot be checked (no digest)."""
+
+
+def content_digest(record: dict[str, Any]) -> str:
+    """``sha256:<hex>`` of every entry of ``record`` but ``"digest"``, canonically encoded:
+    the same for the same contents whatever the pickle's layout."""
+    hasher = hashlib.sha256()
+    _feed(hasher, {k: v for k, v in record.items() if k != "digest"})
+    return "sha256:" + hasher.hexdigest()
+
+
+def _feed(hasher: Any, value: object) -> None:
+    """Type-tagged, length-prefixed encoding of plain data and tensors into ``hasher``."""
+
+    def put(tag: bytes, payload: bytes) -> None:
+        hasher.update(tag + struct.pack("<Q", len(payload)) + payload)
+
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda kv: (type(kv[0]).__name__, repr(kv[0])))
+        put(b"d", struct.pack("<Q", len(items)))
+        for key, item in items:
+            _feed(hasher, key)
+            _feed(hasher, item)
+    elif isinstance(value, (list, tuple)):
+        put(b"l", struct.pack("<Q", len(value)))
+        for item in value:
+            _feed(hasher, item)
+    elif isinstance(value, torch.Tensor):
+        flat = value.detach().cpu().contiguous().reshape(-1)
+        put(b"t", f"{flat.dtype}{tuple(value.shape)}".encode())
+        put(b"b", flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    elif isinstance(value, str):
+        put(b"s", value.encode("utf-8", "surrogatepass"))
+    else:  # None, bool, int, float (repr round-trips floats exactly), anything else
+        put(b"v", f"{type(value).__name__}:{value!r}".encode())
+
+
 def model_record(potential: Potential) -> dict[str, Any]:
     """The plain data a model file holds for ``potential`` (tensors copied to the CPU)."""
-    return {
+    record = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "potential": potential.name,
@@ -50,6 +109,22 @@ def model_record(potential: Potential) -> dict[str, Any]:
         "config": potential.config(),
         "state_dict": {k: v.detach().cpu() for k, v in potential.state_dict().items()},
     }
+    record["digest"] = content_digest(record)
+    return record
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model file's potential and what identifies its contents.
+
+    :param digest: the contents' digest (``sha256:...``), as the file carries it, or
+        computed here for a file written before digests
+    :param verified: the file carried a digest and the contents match it
+    """
+
+    potential: Potential
+    digest: str
+    verified: bool
 
 
 def potential_from_record(record: object, path: str | os.PathLike | None = None) -> Potential:
@@ -59,28 +134,70 @@ def potential_from_record(record: object, path: str | os.PathLike | None = None)
         own ``torch.load``)
     :raises ModelFileError: not our format, another format version, or damaged
     """
+    return _checked(record, path).potential
+
+
+def _checked(record: object, path: str | os.PathLike | None) -> LoadedModel:
     where = f"model file {path}" if path is not None else "the model file"
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         name = str(path) if path is not None else "the file"
         raise ModelFileError(f"{name} is not an nvalchemi-lammps model file")
     version = record.get("format_version")
+    if version is not None and type(version) is not int:  # a bool is no version either
+        raise ModelFileError(
+            f"{where} has format version {version!r} ({type(version).__name__}), where "
+            f"nvalchemi-lammps writes an integer, now {FORMAT_VERSION}: the file is damaged or "
+            f"was not written by nvalchemi-lammps; {REEXPORT}"
+        )
     if version != FORMAT_VERSION:
         advice = (
             "upgrade nvalchemi-lammps"
-            if isinstance(version, int) and version > FORMAT_VERSION
+            if version is not None and version > FORMAT_VERSION
             else "export the model again with this version"
         )
         raise ModelFileError(
-            f"{where} has format version {version!r}, this nvalchemi-lammps reads "
+            f"{where} has format version {version}, this nvalchemi-lammps reads "
             f"version {FORMAT_VERSION}: {advice}"
         )
+    unknown = sorted(map(repr, set(record) - RECORD_KEYS))
+    if unknown:  # a renamed key: the digest's would otherwise read as an older file
+        raise ModelFileError(
+            f"{where} has entries this nvalchemi-lammps does not know ({', '.join(unknown)}): "
+            f"it is damaged, or was written by a newer nvalchemi-lammps (then upgrade); "
+            f"{REEXPORT}"
+        )
+    digest = content_digest(record)
+    written = record.get("digest")
+    if written is None:
+        warnings.warn(
+            f"{where} carries no digest (written before nvalchemi-lammps checked them): its "
+            "contents cannot be verified; export it again to add one",
+            ModelFileWarning,
+            stacklevel=3,
+        )
+    elif written != digest:
+        raise ModelFileError(
+            f"{where} is damaged: its contents do not match the digest written with them "
+            f"(written {str(written)[:23]}..., contents {digest[:23]}...); {REEXPORT}"
+        )
     try:
-        potential = potential_class(record["potential"]).from_config(record["config"])
+        cls = potential_class(record.get("potential"))
+    except (ValueError, TypeError) as err:  # not registered here: a name, not damage
+        raise ModelFileError(f"{where}: {_first_line(err)}") from None
+    try:
+        potential = cls.from_config(record["config"])
         potential.load_state_dict(record["state_dict"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as err:
-        reason = f"missing entry {err}" if isinstance(err, KeyError) else str(err)
+    except ImportError:
+        raise  # a missing optional package names itself (e.g. pip install ...[mace])
+    except Exception as err:  # noqa: BLE001  (any failure here means a bad record)
+        reason = f"missing entry {err}" if isinstance(err, KeyError) else _first_line(err)
         raise ModelFileError(f"{where} is damaged or incomplete: {reason}") from None
-    return potential.eval()
+    return LoadedModel(potential.eval(), digest, written is not None)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def save_model(potential: Potential, path: str | os.PathLike) -> Path:
@@ -104,11 +221,21 @@ def load_model(path: str | os.PathLike) -> Potential:
     :raises ModelFileError: the file is missing, corrupt, of another format, or of an
         unknown format version
     """
-    return potential_from_record(read_record(path), path)
+    return _checked(read_record(path), path).potential
+
+
+def open_model(path: str | os.PathLike) -> LoadedModel:
+    """:func:`load_model`, with the digest of what was loaded (to compare across ranks)."""
+    return _checked(read_record(path), path)
 
 
 def read_record(path: str | os.PathLike) -> object:
     """The record a model file holds, unchecked, read without running code from the file.
+
+    Whatever the file's bytes, this returns or raises :class:`ModelFileError`: torch's
+    reader meets damaged archives with many kinds of exception (``IndexError``,
+    ``KeyError``, ``UnicodeDecodeError``, ``struct.error``, ...), none of which is a message
+    for a user.
 
     :raises ModelFileError: the file is missing, not a torch archive, or names any global
         other than the ML-IAP model class
@@ -118,19 +245,22 @@ def read_record(path: str | os.PathLike) -> object:
         raise ModelFileError(f"model file {path} not found")
     try:
         with torch.serialization.safe_globals([(_record_argument, MLIAP_MODEL_GLOBAL)]):
-            record = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        if not zipfile.is_zipfile(path):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        # the weights-only unpickler refuses any other global with this wording; anything
+        # else it raises is a pickle it cannot parse
+        if zipfile.is_zipfile(path) and "GLOBAL" in str(err) and "allowed global" in str(err):
             raise ModelFileError(
-                f"cannot read model file {path}: not a torch archive (corrupt or truncated?)"
+                f"model file {path} holds Python objects, not plain data: it was not written "
+                "by nvalchemi-lammps export, and is not loaded because that could run code "
+                "from it"
             ) from None
-        raise ModelFileError(
-            f"model file {path} holds Python objects, not plain data: it was not written by "
-            "nvalchemi-lammps export, and is not loaded because that could run code from it"
-        ) from None
-    except (RuntimeError, zipfile.BadZipFile, EOFError, OSError) as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ModelFileError(
-            f"cannot read model file {path}: not a torch archive (corrupt or truncated?): {reason}"
-        ) from None
-    return record
+        reason = _first_line(err)
+    except MemoryError:
+        raise
+    except Exception as err:  # noqa: BLE001  (see the docstring)
+        reason = f"{type(err).__name__}: {_first_line(err)}"
+    raise ModelFileError(
+        f"cannot read model file {path}: not a torch archive (corrupt or truncated?): "
+        f"{reason[:200]}; {REEXPORT}"
+    )

@@ -20,7 +20,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from nvalchemi_lammps import MessagePassing
+import torch
+
+from nvalchemi_lammps import LennardJones, MessagePassing
 from nvalchemi_lammps.contract import LocalGraph
 from nvalchemi_lammps.potentials import register_potential
 
@@ -59,6 +61,59 @@ class FailingMessagePassing(MessagePassing):
     def forward(self, graph: LocalGraph) -> Any:
         if os.environ.get("PMI_RANK") == str(self._config["failing_rank"]):
             raise ValueError(f"deliberate failure on rank {self._config['failing_rank']}")
+        return super().forward(graph)
+
+
+@register_potential
+class NonFiniteLennardJones(LennardJones):
+    """:class:`LennardJones` whose energies turn NaN on atoms of element ``poisoned`` (an
+    index into ``elements``) from its ``from_call``-th evaluation on (0: the first)."""
+
+    name = "test_non_finite_lennard_jones"
+
+    def __init__(self, *args: Any, poisoned: int = 1, from_call: int = 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._config.update(poisoned=poisoned, from_call=from_call)
+        self.calls = 0
+
+    def pair_terms(self, graph: LocalGraph) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """No closed form: the engine must run :meth:`forward` (issue 18 gives the plain
+        Lennard-Jones one, which would skip it)."""
+        return None
+
+    def forward(self, graph: LocalGraph) -> Any:
+        energies = super().forward(graph)
+        self.calls += 1
+        if self.calls <= self._config["from_call"]:
+            return energies
+        nan = torch.full_like(energies, float("nan"))
+        return torch.where(graph.species == self._config["poisoned"], nan, energies)
+
+
+@register_potential
+class ExitingLennardJones(LennardJones):
+    """:class:`LennardJones` that raises ``SystemExit(3)`` (``exit``) or
+    ``KeyboardInterrupt`` (``interrupt``) in its evaluation, on the MPI rank
+    ``failing_rank`` only (MPICH's ``PMI_RANK``) or on every rank (-1)."""
+
+    name = "test_exiting_lennard_jones"
+
+    def __init__(
+        self, *args: Any, raises: str = "exit", failing_rank: int = -1, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._config.update(raises=raises, failing_rank=failing_rank)
+
+    def pair_terms(self, graph: LocalGraph) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """No closed form: the engine must run :meth:`forward` (see above)."""
+        return None
+
+    def forward(self, graph: LocalGraph) -> Any:
+        rank = self._config["failing_rank"]
+        if rank < 0 or os.environ.get("PMI_RANK") == str(rank):
+            if self._config["raises"] == "exit":
+                raise SystemExit(3)
+            raise KeyboardInterrupt
         return super().forward(graph)
 
 

@@ -297,3 +297,130 @@ def test_plugin_for_another_lammps_is_refused(mliap_lammps, lj_model, nprocs, tm
     assert run.returncode != 0
     assert "pair_style nvalchemi not loaded: this nvalchemiplugin.so was compiled for" in run.output
     assert "Unrecognized pair style 'nvalchemi'" in run.output, run.output[-2000:]
+
+
+# --- nothing wrong runs silently (issue 17) -------------------------------------------------
+
+
+def _argon_script(argon_data: Path, model: Path, before_run: str = "", run: str = "run 0") -> str:
+    return textwrap.dedent(
+        f"""\
+        units metal
+        atom_style atomic
+        atom_modify map array
+        read_data {argon_data}
+        pair_style mliap unified {model} 0
+        pair_coeff * * Ar
+        {before_run}
+        {run}
+        """
+    )
+
+
+def _with_test_models(mliap_lammps: MliapLammps, folder: Path) -> dict[str, str]:
+    """The ML-IAP LAMMPS's environment, with the potentials of _broken_models registered in
+    its embedded Python."""
+    from _broken_models import importable_in_lammps
+
+    env = dict(mliap_lammps.env)
+    env["PYTHONPATH"] = importable_in_lammps(folder) + os.pathsep + env["PYTHONPATH"]
+    return env
+
+
+@pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])
+def test_damaged_model_file_is_refused_by_mliap(mliap_lammps, lj_model, nprocs, tmp_path):
+    """One byte of a weight XORed: LAMMPS's own torch.load gets the digest's refusal."""
+    from test_lammps_integrity import _flip
+
+    damaged = _flip(lj_model[1], tmp_path / "damaged.pt")
+    data = _slab_data(tmp_path)[0]
+    run = mliap_lammps.run(_script(data, f"mliap unified {damaged} 0", nprocs), nprocs, tmp_path)
+    assert run.returncode != 0
+    assert "is damaged: its contents do not match the digest" in run.output, run.output[-3000:]
+
+
+@pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])
+def test_non_finite_results_stop_mliap(mliap_lammps, argon_data, nprocs, tmp_path):
+    """NaN energies on every atom from the model's third evaluation: before, NaN thermo,
+    then LAMMPS's "Non-numeric atom coords" without the model's name."""
+    from _broken_models import NonFiniteLennardJones
+
+    model = save_model(
+        NonFiniteLennardJones(
+            ["Ar"], {"Ar": 0.0104}, {"Ar": 3.4}, cutoff=8.5, poisoned=0, from_call=2
+        ),
+        tmp_path / "nan.pt",
+    )
+    script = _argon_script(argon_data, model, "fix nve all nve", "run 5")
+    env = _with_test_models(mliap_lammps, tmp_path / "site")
+    run = run_lammps(script, nprocs, tmp_path, timeout=300, env=env, lmp=mliap_lammps.lmp)
+    assert run.returncode not in (0, -9), run.output[-3000:]
+    assert (
+        "FloatingPointError: the test_non_finite_lennard_jones model at its evaluation 3 on "
+        "this rank" in run.output
+    ), run.output[-3000:]
+    assert "returned non-finite energies or forces on atoms at rows 0 1 2" in run.output
+    assert "Non-numeric" not in run.output
+
+
+@pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])
+def test_atoms_on_the_same_spot_stop_mliap(mliap_lammps, argon_data, nprocs, tmp_path):
+    """At 2 ranks only the rank owning the atoms fails: before, LAMMPS's error->all would
+    have waited for the other rank forever."""
+    move = "set atom 2 x $(x[1]:%.17g) y $(y[1]:%.17g) z $(z[1]:%.17g)"
+    lj = save_model(lennard_jones(fcc_argon_222(), cutoff=6.0), tmp_path / "lj.pt")
+    script = _argon_script(argon_data, lj, move)
+    run = mliap_lammps.run(script, nprocs, tmp_path, timeout=120)
+    assert run.returncode not in (0, -9), run.output[-3000:]
+    assert "of this rank are on the same spot" in run.output, run.output[-3000:]
+
+
+@pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])
+@pytest.mark.parametrize(
+    ("raises", "failing_rank", "message"),
+    [
+        ("exit", -1, "SystemExit: 3"),
+        ("interrupt", -1, "KeyboardInterrupt"),
+        ("exit", 1, "SystemExit: 3"),
+    ],
+    ids=["exit-all-ranks", "interrupt-all-ranks", "exit-rank-1"],
+)
+def test_base_exception_in_a_model_is_an_mliap_error(
+    mliap_lammps, argon_data, raises, failing_rank, message, nprocs, tmp_path
+):
+    """Before, SystemExit ended the run with no message (PyErr_Print exits on it), and an
+    error on rank 1 only hung in LAMMPS's error->all. One rank: LAMMPS's own error; more:
+    the adapter aborts every rank, as error->one does."""
+    from _broken_models import ExitingLennardJones
+
+    if failing_rank >= nprocs:
+        failing_rank = 0
+    model = save_model(
+        ExitingLennardJones(
+            ["Ar"],
+            {"Ar": 0.0104},
+            {"Ar": 3.4},
+            cutoff=8.5,
+            raises=raises,
+            failing_rank=failing_rank,
+        ),
+        tmp_path / "exiting.pt",
+    )
+    env = _with_test_models(mliap_lammps, tmp_path / "site")
+    run = run_lammps(
+        _argon_script(argon_data, model),
+        nprocs,
+        tmp_path,
+        timeout=120,
+        env=env,
+        lmp=mliap_lammps.lmp,
+    )
+    assert run.returncode not in (0, -9), run.output[-3000:]
+    expected = f"RuntimeError: the test_exiting_lennard_jones model raised {message}"
+    assert expected in run.output, run.output[-3000:]
+    if nprocs == 1:
+        assert "Running mliappy unified compute_forces failure" in run.output
+    else:
+        assert f"ERROR on proc {max(failing_rank, 0)}: {expected}" in run.output or (
+            failing_rank < 0 and f"ERROR on proc 1: {expected}" in run.output
+        ), run.output[-3000:]

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -598,3 +599,40 @@ def test_errors(scale_shift, case):
     build, message = ERRORS[case]
     with pytest.raises(ValueError, match=re.escape(message)):
         build(potential.config())
+
+
+# --- with and without cuEquivariance (issue 17) ---------------------------------------------
+
+#: A small MACE (correlation 3, max_ell 2) exported by save_model where cuequivariance-torch
+#: 0.13.0 was importable (on the CPU), so mace-torch built the reduced Clebsch-Gordan basis:
+#: U_matrix_3 is [9, 9, 9, 5] there and [9, 9, 9, 11] without it.
+REDUCED_CG_MODEL = Path(__file__).parent / "data" / "mace_reduced_cg.pt"
+
+
+def test_reduced_basis_model_without_cuequivariance_names_the_package(monkeypatch):
+    """Before: "model file ... is damaged or incomplete: ... size mismatch"."""
+    from mace.modules import wrapper_ops
+
+    from nvalchemi_lammps import load_model
+
+    monkeypatch.setattr(wrapper_ops, "CUET_AVAILABLE", False)  # as mace-torch decides
+    message = (
+        "this MACE model cannot be built here: its weights were made for cuEquivariance's "
+        "reduced Clebsch-Gordan basis, which mace-torch builds only where cuequivariance is "
+        "installed: pip install cuequivariance-torch"
+    )
+    with pytest.raises(ImportError, match=re.escape(message)):
+        load_model(REDUCED_CG_MODEL)
+
+
+def test_export_records_the_basis_built(monkeypatch):
+    """mace-torch models ask for the reduced basis by default but build it only with
+    cuequivariance: the file records the basis the weights are for."""
+    from mace.modules import wrapper_ops
+
+    monkeypatch.setattr(wrapper_ops, "CUET_AVAILABLE", False)
+    model = random_mace(correlation=3, max_ell=2)
+    assert model.use_reduced_cg  # asked for
+    assert mace_module.model_config(model)["use_reduced_cg"] is False  # built
+    contraction = model.products[0].symmetric_contractions.contractions[0]
+    assert tuple(contraction.U_matrix_3.shape) == (9, 9, 9, 11)  # the full basis

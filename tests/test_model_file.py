@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -11,7 +12,14 @@ import torch
 from _systems import triclinic_ar_ne
 
 from nvalchemi_lammps import FORMAT_VERSION, LennardJones, ModelFileError, load_model, save_model
-from nvalchemi_lammps._model_file import FORMAT, MLIAP_MODEL_GLOBAL, read_record
+from nvalchemi_lammps._model_file import (
+    FORMAT,
+    MLIAP_MODEL_GLOBAL,
+    ModelFileWarning,
+    content_digest,
+    open_model,
+    read_record,
+)
 from nvalchemi_lammps.frontends.mliap import MLIAPModel
 from nvalchemi_lammps.reference import evaluate_reference
 
@@ -184,6 +192,7 @@ def test_unknown_potential_name(tmp_path):
     path = save_model(_potential(), tmp_path / "lj.pt")
     record = _record(path)
     record["potential"] = "no_such_potential"
+    record["digest"] = content_digest(record)  # a valid file, of a potential not installed
     _write_record(record, path)
     with pytest.raises(
         ValueError, match=re.escape("unknown potential 'no_such_potential' (known: ")
@@ -269,3 +278,149 @@ def test_older_mliap_needs_the_environment_variable(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"):
         model = torch.load(path)
     assert type(model) is MLIAPModel
+
+
+# --- integrity: the digest, damaged bytes, files from before the digest --------------------
+
+
+def _member_data(path, suffix: str) -> tuple[int, int]:
+    """(offset, size) of the bytes of the archive member ending in ``suffix``."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        info = next(i for i in archive.infolist() if i.filename.endswith(suffix))
+    with open(path, "rb") as f:
+        f.seek(info.header_offset + 26)
+        name_length, extra_length = np.frombuffer(f.read(4), dtype="<u2")
+    return info.header_offset + 30 + int(name_length) + int(extra_length), info.file_size
+
+
+def test_file_carries_the_digest_of_its_contents(tmp_path):
+    path = save_model(_potential(), tmp_path / "lj.pt")
+    record = _record(path)
+    assert record["digest"] == content_digest(record)
+    assert record["digest"].startswith("sha256:") and len(record["digest"]) == 7 + 64
+    loaded = open_model(path)
+    assert loaded.verified and loaded.digest == record["digest"]
+    # another model: another digest; the same model saved again: the same digest
+    other = _potential()
+    other.load_state_dict({k: v * 1.5 for k, v in other.state_dict().items()})
+    assert open_model(save_model(other, tmp_path / "other.pt")).digest != loaded.digest
+    assert open_model(save_model(_potential(), tmp_path / "again.pt")).digest == loaded.digest
+
+
+def test_flipped_byte_in_a_weight_is_refused(tmp_path):
+    """The issue's case: one byte of a tensor XORed with 0x40 loaded as another model."""
+    path = save_model(_potential(), tmp_path / "lj.pt")
+    offset, size = _member_data(path, "data/0")
+    data = bytearray(path.read_bytes())
+    data[offset + size - 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    message = f"model file {path} is damaged: its contents do not match the digest written"
+    with pytest.raises(ModelFileError, match=re.escape(message)) as info:
+        load_model(path)
+    assert "export it again (nvalchemi-lammps export" in str(info.value)
+
+
+def test_file_without_digest_loads_with_a_warning(tmp_path):
+    """Files written before the digest (same format version) load, and say they are not
+    checked; their digest is computed from what they hold."""
+    potential = _potential()
+    record = _record(save_model(potential, tmp_path / "lj.pt"))
+    digest = record.pop("digest")
+    path = tmp_path / "old.pt"
+    _write_record(record, path)
+    with pytest.warns(ModelFileWarning) as caught:
+        loaded = open_model(path)
+    assert len(caught) == 1
+    assert str(caught[0].message) == (
+        f"model file {path} carries no digest (written before nvalchemi-lammps checked "
+        "them): its contents cannot be verified; export it again to add one"
+    )
+    assert not loaded.verified and loaded.digest == digest
+    assert loaded.potential.config() == potential.config()
+
+
+def test_string_format_version(tmp_path):
+    path = save_model(_potential(), tmp_path / "lj.pt")
+    record = _record(path)
+    record["format_version"] = str(FORMAT_VERSION)
+    _write_record(record, path)
+    message = (
+        f"model file {path} has format version '{FORMAT_VERSION}' (str), where "
+        f"nvalchemi-lammps writes an integer, now {FORMAT_VERSION}: the file is damaged"
+    )
+    with pytest.raises(ModelFileError, match=re.escape(message)):
+        load_model(path)
+
+
+@pytest.mark.parametrize(
+    "content", ["units metal\n", "hello world\n", "."], ids=["IndexError", "KeyError", "stop"]
+)
+def test_text_file_as_model(tmp_path, content):
+    """torch's legacy reader raised IndexError or KeyError on these."""
+    path = tmp_path / "text.pt"
+    path.write_text(content)
+    message = f"cannot read model file {path}: not a torch archive (corrupt or truncated?)"
+    with pytest.raises(ModelFileError, match=re.escape(message)):
+        load_model(path)
+
+
+#: Mutations of real model files per kind; with the seed below they take a few seconds.
+FUZZ_CASES = {"truncate": 100, "byte": 200, "bit": 200}
+
+
+def _fuzz_models(tmp_path) -> list:
+    from nvalchemi_lammps import MessagePassing
+
+    return [
+        save_model(_potential(), tmp_path / "lj.pt"),
+        save_model(
+            MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=2, features=8, seed=1),
+            tmp_path / "mp.pt",
+        ),
+    ]
+
+
+def test_fuzzed_model_files_never_load_changed(tmp_path):
+    """Random truncations, byte replacements and bit flips of real model files: each load
+    ends in a ModelFileError (never a raw IndexError, KeyError, UnicodeDecodeError,
+    struct.error, ...) or loads exactly the original contents (a byte torch never reads,
+    such as zip padding or the archive's own bookkeeping). No damaged contents load."""
+    rng = np.random.default_rng(20261130)
+    refused = unchanged = 0
+    changed: list[str] = []
+    for original in _fuzz_models(tmp_path):
+        good = original.read_bytes()
+        digest = open_model(original).digest
+        for kind, count in FUZZ_CASES.items():
+            for case in range(count):
+                data = bytearray(good)
+                if kind == "truncate":
+                    data = data[: int(rng.integers(0, len(good)))]
+                else:
+                    at = int(rng.integers(0, len(good)))
+                    if kind == "byte":
+                        data[at] = (data[at] + int(rng.integers(1, 256))) % 256
+                    else:
+                        data[at] ^= 1 << int(rng.integers(0, 8))
+                path = tmp_path / f"fuzz-{original.stem}-{kind}-{case}.pt"
+                path.write_bytes(bytes(data))
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", ModelFileWarning)  # digest key hit
+                        loaded = open_model(path)
+                except ModelFileError:
+                    refused += 1
+                    continue
+                if loaded.digest == digest:
+                    unchanged += 1
+                else:
+                    changed.append(path.name)
+                path.unlink()
+    total = sum(FUZZ_CASES.values()) * 2
+    assert changed == [], f"{len(changed)} of {total} damaged files loaded changed: {changed}"
+    assert refused + unchanged == total
+    # most bytes matter (on this seed 713 of 1000 mutations are refused); the rest are
+    # bytes torch skips, and the contents load bit-identical
+    assert refused >= total // 2, f"only {refused} of {total} refused"

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,8 @@ class Evaluation:
     :param virial: ``(6,)`` float64 ``xx yy zz xy xz yz`` of ``-h^T dE/dh`` (``h``: the
         cell, rows = lattice vectors), the virial's part that ``sum x . f`` misses, for a
         potential that ``needs_positions`` (else ``None``)
+    :param finite: the energy and every force (and the virial) are finite numbers; the
+        front doors stop the run when not
     """
 
     energy: float
@@ -30,6 +33,17 @@ class Evaluation:
     pair_forces: torch.Tensor
     atom_forces: torch.Tensor | None = None
     virial: torch.Tensor | None = None
+    finite: bool = True
+
+
+def _energy_and_finite(owned: torch.Tensor, grads: list[torch.Tensor]) -> tuple[float, bool]:
+    """The energy and whether it and every gradient are finite, in the one host sync the
+    energy needs anyway: a sum is finite iff all its terms are (short of overflowing past
+    1e308, which no force of a working model reaches), so one reduction per gradient on
+    its device, read back with the energy."""
+    sums = torch.stack([owned.sum(), *(g.sum().to(owned.dtype) for g in grads)])
+    energy, *rest = sums.tolist()
+    return energy, all(map(math.isfinite, [energy, *rest]))
 
 
 def potential_device(potential: Potential) -> torch.device:
@@ -123,7 +137,8 @@ def evaluate(
         grads = list(torch.autograd.grad(total, leaves, allow_unused=True))
     grads = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads)]
     owned = owned.detach().to(torch.float64)
-    result = Evaluation(energy=float(owned.sum()), atom_energies=owned, pair_forces=grads[0])
+    energy, finite = _energy_and_finite(owned, grads)
+    result = Evaluation(energy, atom_energies=owned, pair_forces=grads[0], finite=finite)
     if not spec.needs_positions:
         return result
     position_grad, cell_grad = grads[1], grads[2]
@@ -135,4 +150,5 @@ def evaluate(
         pair_forces=grads[0],
         atom_forces=-position_grad,
         virial=voigt,
+        finite=finite,
     )

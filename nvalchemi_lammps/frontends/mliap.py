@@ -9,8 +9,10 @@ copying, the engine runs the potential, :func:`_write` hands energies and pair f
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -63,6 +65,46 @@ def _unified_base() -> type:
 
 
 MLIAPUnified = _unified_base()
+
+
+#: MPICH's ``MPI_COMM_WORLD`` handle (also Intel MPI's, Cray MPICH's); Open MPI's is the
+#: address of its symbol ``ompi_mpi_comm_world``.
+MPICH_COMM_WORLD = 0x44000000
+
+
+def _abort_if_parallel(error: BaseException) -> None:
+    """On more than one MPI rank, print ``error`` for this rank and abort every rank, as
+    LAMMPS's ``error->one`` does. ML-IAP turns a Python exception into ``error->all``,
+    which waits for every rank: an error on some ranks only would hang the run
+    (src/ML-IAP/mliap_unified.cpp). On one rank, or without MPI, it returns and the
+    exception goes to LAMMPS as usual."""
+    try:
+        lib = ctypes.CDLL(None)  # the MPI library LAMMPS runs on, if one is loaded
+        flag = ctypes.c_int(0)
+        if lib.MPI_Initialized(ctypes.byref(flag)) != 0 or not flag.value:
+            return
+        if lib.MPI_Finalized(ctypes.byref(flag)) != 0 or flag.value:
+            return
+        try:
+            world: Any = ctypes.c_void_p(
+                ctypes.addressof(ctypes.c_char.in_dll(lib, "ompi_mpi_comm_world"))
+            )
+        except ValueError:
+            world = ctypes.c_int(MPICH_COMM_WORLD)
+        rank, size = ctypes.c_int(0), ctypes.c_int(1)
+        if lib.MPI_Comm_size(world, ctypes.byref(size)) != 0 or size.value < 2:
+            return
+        lib.MPI_Comm_rank(world, ctypes.byref(rank))
+    except (OSError, AttributeError):  # no MPI in this process
+        return
+    print(
+        f"ERROR on proc {rank.value}: {type(error).__name__}: {error} (pair_style mliap "
+        "unified: nvalchemi-lammps stops every rank, since an error on some ranks only "
+        "would leave LAMMPS waiting for the others)",
+        file=sys.stderr,
+        flush=True,
+    )
+    lib.MPI_Abort(world, 1)
 
 
 def _fence(tensor: torch.Tensor) -> None:
@@ -194,6 +236,7 @@ class MLIAPModel(MLIAPUnified):
         )
         self.potential = potential
         self._in_flight: torch.Tensor | None = None
+        self._evaluations = 0  # compute_forces calls, for the messages
 
     def __reduce__(self) -> tuple[type, tuple[dict[str, Any]]]:
         return (MLIAPModel, (model_record(self.potential),))
@@ -207,7 +250,24 @@ class MLIAPModel(MLIAPUnified):
     def compute_forces(self, data: Any) -> None:
         """One rank's energies and pair forces, written into ``data``. Every rank runs the
         engine every call, also with no atoms, since a potential's exchanges are
-        collective."""
+        collective.
+
+        Any failure reaches LAMMPS as an ``Exception`` with its type and message: LAMMPS's
+        ML-IAP prints a pending exception with ``PyErr_Print``, which on ``SystemExit``
+        ends the process without a word, and ``KeyboardInterrupt`` would not say where.
+        """
+        self._evaluations += 1
+        try:
+            self._compute_forces(data)
+        except BaseException as err:  # noqa: BLE001  (SystemExit, KeyboardInterrupt, ...)
+            error = err
+            if not isinstance(err, Exception):
+                text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+                error = RuntimeError(f"the {self.potential.name} model raised {text}")
+            _abort_if_parallel(error)
+            raise error from (None if error is err else err)
+
+    def _compute_forces(self, data: Any) -> None:
         comm = self._comm(data)
         nlocal, species, pair_i, pair_j, rij = _read(data, potential_device(self.potential))
         self._in_flight = None  # _read waited for Kokkos, which is done reading it
@@ -215,7 +275,35 @@ class MLIAPModel(MLIAPUnified):
             self.potential.to(rij.device)
         with torch.enable_grad():
             result = evaluate(self.potential, nlocal, species, pair_i, pair_j, rij, comm)
+        if not result.finite:  # read with the energy: no extra host sync
+            raise FloatingPointError(self._non_finite(result, pair_i, pair_j, rij))
         self._in_flight = _write(data, result, kokkos=hasattr(data, "update_pair_forces_gpu"))
+
+    def _non_finite(
+        self, result: Evaluation, pair_i: torch.Tensor, pair_j: torch.Tensor, rij: torch.Tensor
+    ) -> str:
+        """What to say about a non-finite result (only then computed). ML-IAP hands a model
+        neither atom IDs nor the step: atoms are rows of this rank's ML-IAP arrays."""
+        where = (
+            f"the {self.potential.name} model at its evaluation {self._evaluations} on this "
+            "rank (ML-IAP gives a model neither the step nor atom IDs; pair_style nvalchemi "
+            "names both)"
+        )
+        same = (rij == 0).all(dim=1).nonzero()[:, 0]
+        if same.numel():
+            k = int(same[0])
+            return (
+                f"atoms at rows {int(pair_i[k])} and {int(pair_j[k])} of this rank are on the "
+                f"same spot, where {where} gives no finite energy"
+            )
+        rows = (~torch.isfinite(result.atom_energies)).nonzero()[:, 0].tolist()
+        bad_pairs = (~torch.isfinite(result.pair_forces).all(dim=1)).nonzero()[:, 0]
+        rows += pair_i[bad_pairs].tolist() + pair_j[bad_pairs].tolist()
+        rows = sorted(set(rows))
+        shown = " ".join(map(str, rows[:8])) + (
+            f" ... ({len(rows)} atoms)" if len(rows) > 8 else ""
+        )
+        return f"{where} returned non-finite energies or forces on atoms at rows {shown}"
 
     def _comm(self, data: Any) -> MliapComm:
         """The exchanges a message-passing model needs, or a clear stop. Decided from the

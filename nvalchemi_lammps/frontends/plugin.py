@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 
 import torch
 
 from .._elements import map_elements
-from .._model_file import load_model
-from ..engine import CompiledPotential, compile_potential, evaluate
+from .._model_file import ModelFileWarning, open_model
+from ..engine import CompiledPotential, Evaluation, compile_potential, evaluate
 from ._lammps_comm import ExchangePlan, LammpsComm
 
 
@@ -34,7 +35,13 @@ class PluginSession:
         self, path: str, num_threads: int, device: str = "cpu", local_rank: int = 0
     ) -> None:
         self.device = _select_device(device, local_rank)
-        self.potential = load_model(path).to(self.device)
+        with warnings.catch_warnings():
+            # a file without digest: the pair style says so once, on rank 0
+            warnings.simplefilter("ignore", ModelFileWarning)
+            loaded = open_model(path)
+        self.potential = loaded.potential.to(self.device)
+        # what the ranks compare at init: the same model everywhere
+        self.digest, self.digest_verified = loaded.digest, loaded.verified
         spec = self.potential.spec
         self.cutoff = float(spec.cutoff)
         self.units = spec.units
@@ -154,7 +161,8 @@ class PluginSession:
         the host: every step), else ``None``, with the exchange plan ``(owner, send_rows,
         nrecv, remote)`` (see :class:`ExchangePlan`); ``pairs`` = ``(pair_i, pair_j, rij,
         pair_forces)`` slots; ``system`` = ``(charges or None, cell, (px, py, pz))`` only
-        for a model that ``needs_positions``. Returns the energy, how many pairs were
+        for a model that ``needs_positions``. Returns the energy (NaN when any energy or
+        force is not finite: the pair style then finds the atoms), how many pairs were
         written back into the slots and whether ``atom_forces_out`` was written.
         """
         ntotal = positions.nbytes // 24
@@ -230,7 +238,7 @@ class PluginSession:
             forces = _tensor(pair_forces_out, torch.float64, npairs, 3)
             self._stage.download(result.pair_forces, forces)
             if result.atom_forces is None:
-                return result.energy, npairs, False
+                return _energy(result), npairs, False
             atom_forces = result.atom_forces
         else:
             # one row per atom instead of one per pair crosses back to the host
@@ -242,7 +250,12 @@ class PluginSession:
             npairs = 0
         self._stage.download(atom_forces, _tensor(atom_forces_out, torch.float64, ntotal, 3))
         phase("forces")
-        return result.energy, npairs, True
+        return _energy(result), npairs, True
+
+
+def _energy(result: Evaluation) -> float:
+    """The energy for the pair style, NaN when any energy or force is not finite."""
+    return result.energy if result.finite else math.nan
 
 
 def _within_cutoff(

@@ -87,6 +87,28 @@ _INSTALL_HINT = (
     "the mace potential needs mace-torch: pip install 'nvalchemi-lammps[mace]' "
     "(or pip install mace-torch)"
 )
+#: mace-torch builds its symmetric contractions on the reduced Clebsch-Gordan basis exactly
+#: where cuEquivariance is installed (``use_reduced_cg and CUET_AVAILABLE``), on the full
+#: one elsewhere; weights of one basis do not fit the other (``U_matrix_3`` [9,9,9,5] vs
+#: [9,9,9,11]). Model files record the basis the weights were made for.
+_CUEQ_HINT = (
+    "its weights were made for cuEquivariance's reduced Clebsch-Gordan basis, which "
+    "mace-torch builds only where cuequivariance is installed: pip install "
+    "cuequivariance-torch (it runs on the CPU too)"
+)
+
+
+def _cueq_available() -> bool:
+    """mace-torch found cuequivariance (and so builds the reduced basis when asked)."""
+    _mace()
+    from mace.modules import wrapper_ops
+
+    return bool(getattr(wrapper_ops, "CUET_AVAILABLE", False))
+
+
+def _basis_mismatch(err: Exception) -> bool:
+    """``load_state_dict``'s size mismatch of a symmetric contraction's basis."""
+    return "U_matrix" in str(err) and "size mismatch" in str(err)
 
 
 # --- importing mace-torch without its side effects -----------------------------------------
@@ -267,7 +289,8 @@ def model_config(model: torch.nn.Module) -> dict[str, Any]:
         "gate": _gate_name(model.readouts[-1], mm.gate_dict),
         "pair_repulsion": hasattr(model, "pair_repulsion_fn"),
         "apply_cutoff": bool(getattr(model, "apply_cutoff", True)),
-        "use_reduced_cg": bool(getattr(model, "use_reduced_cg", False)),
+        # the basis built, not the one asked for (see _CUEQ_HINT)
+        "use_reduced_cg": bool(getattr(model, "use_reduced_cg", False)) and _cueq_available(),
         "use_so3": bool(getattr(model, "use_so3", False)),
         "use_agnostic_product": bool(getattr(model, "use_agnostic_product", False)),
         "use_last_readout_only": bool(getattr(model, "use_last_readout_only", False)),
@@ -451,11 +474,37 @@ class Mace(Potential):
         potential = cls(model_config(model), head=head, dtype=dtype)
         state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
         try:
-            potential.model.load_state_dict(state)
+            potential._load_weights(state)
         except RuntimeError as err:
             raise ValueError(f"the rebuilt MACE model does not take these weights: {err}") from None
         potential._check_same_as(model)
         return potential
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """As ``torch.nn.Module``'s, for the network's weights on either Clebsch-Gordan basis
+        (see :meth:`_load_weights`)."""
+        prefix = "model."
+        if strict and all(k.startswith(prefix) for k in state_dict):
+            return self._load_weights({k[len(prefix) :]: v for k, v in state_dict.items()})
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def _load_weights(self, state: dict[str, torch.Tensor]) -> Any:
+        """Load the network's weights; weights made for the other Clebsch-Gordan basis than
+        the one built (a model exported with cuEquivariance installed, loaded without, or
+        the other way round) rebuild the network on theirs, or, for the reduced basis
+        without cuequivariance, raise ImportError naming the package."""
+        try:
+            return self.model.load_state_dict(state)
+        except RuntimeError as err:
+            if not _basis_mismatch(err):
+                raise
+        config = self._config["model"]
+        reduced = not (config["use_reduced_cg"] and _cueq_available())  # the other basis
+        if reduced and not _cueq_available():
+            raise ImportError(f"this MACE model cannot be built here: {_CUEQ_HINT}")
+        config["use_reduced_cg"] = reduced
+        self.model = build_model(config).to(self.spec.torch_dtype).eval()
+        return self.model.load_state_dict(state)
 
     @classmethod
     def from_checkpoint(
