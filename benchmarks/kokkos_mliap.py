@@ -133,7 +133,7 @@ def prepare(out: Path) -> None:
         "mpnn": MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3),
         "mace64": Mace.from_model(mace, dtype="float64"),
         "mace32": Mace.from_model(mace, dtype="float32"),
-        "d3": DFTD3(["C", "H", "O"], 12.0, 8.0, functional="pbe"),
+        "d3": DFTD3(["C", "H", "O"], 7.0, 5.0, functional="pbe"),  # as tests/test_lammps_dftd3.py
     }
     for case in CASES:
         potential = potentials[case.name].eval()
