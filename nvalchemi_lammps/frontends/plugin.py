@@ -9,12 +9,14 @@ neighbor-list builds is copied to the model's device).
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import torch
 
 from .._elements import map_elements
 from .._model_file import load_model
+from .._torch_blas import blas_library
 from ..engine import CompiledPotential, compile_potential, evaluate
 from ._lammps_comm import ExchangePlan, LammpsComm
 
@@ -64,7 +66,8 @@ class PluginSession:
         spec = self.potential.spec
         return (
             f"{self.potential.name} model: elements {' '.join(spec.elements)}, "
-            f"cutoff {spec.cutoff:g}, units {spec.units}, {spec.dtype}, on {self.device}"
+            f"cutoff {spec.cutoff:g}, units {spec.units}, {spec.dtype}, on {self.device}, "
+            f"BLAS of {_blas_name()}"
         )
 
     def set_strategy(self, strategy: str) -> None:
@@ -243,6 +246,15 @@ class PluginSession:
         self._stage.download(atom_forces, _tensor(atom_forces_out, torch.float64, ntotal, 3))
         phase("forces")
         return result.energy, npairs, True
+
+
+def _blas_name() -> str:
+    """The library torch's float64 matrix multiplies run in (libtorch_cpu.so, not
+    liblammps.so: see ``_torch_blas``)."""
+    try:
+        return os.path.basename(blas_library())
+    except (OSError, ValueError, AttributeError):  # another platform, another torch build
+        return "unknown"
 
 
 def _within_cutoff(
