@@ -14,6 +14,7 @@ import torch
 
 from ..contract import LocalGraph, ModelSpec
 from ._base import Potential, register_potential
+from ._layers import receiving_pairs, updated_rows, with_ghost_rows
 
 
 def _smooth_cutoff(r: torch.Tensor, cutoff: float) -> torch.Tensor:
@@ -29,8 +30,8 @@ class MessagePassing(Potential):
     ``h`` starts as a per-element embedding; ``W(r)`` is a linear map of a smooth Bessel
     radial basis. Between layers the ghost rows of ``h`` are refreshed through
     ``graph.comm.forward_exchange``, so with the exchange strategy a ghost shell of one
-    cutoff suffices; under the widened shell the exchange is the identity and ghosts'
-    features are computed from their own pairs.
+    cutoff suffices and layers update owned rows only; under the widened shell the exchange
+    is the identity and ghosts' features are computed from their own pairs (``_layers``).
 
     :param elements: element names
     :param cutoff: pair cutoff
@@ -112,11 +113,19 @@ class MessagePassing(Potential):
         basis = torch.sin(r[:, None] * self.frequencies) * envelope[:, None]
 
         h = self.embedding[species]
-        for layer in range(self.spec.layers):
+        layers = self.spec.layers
+        for layer in range(layers):
             if layer > 0:
-                h = graph.comm.forward_exchange(h)
-            messages = (basis @ self.radial[layer]) * h[graph.pair_j]
-            summed = torch.zeros_like(h).index_add(0, graph.pair_i, messages)
-            h = h + torch.nn.functional.silu(summed @ self.update[layer])
-        energies = h @ self.readout + self.element_energy[species]
-        return torch.where(mapped, energies, 0.0)
+                h = graph.comm.forward_exchange(with_ghost_rows(h, graph.ntotal))
+            rows = updated_rows(graph, last_layer=layer == layers - 1)
+            pairs = receiving_pairs(graph, rows)
+            pair_i, pair_j, pair_basis = (
+                (graph.pair_i, graph.pair_j, basis)
+                if pairs is None
+                else (graph.pair_i[pairs], graph.pair_j[pairs], basis[pairs])
+            )
+            messages = (pair_basis @ self.radial[layer]) * h[pair_j]
+            summed = h.new_zeros((rows, h.shape[1])).index_add(0, pair_i, messages)
+            h = h[:rows] + torch.nn.functional.silu(summed @ self.update[layer])
+        energies = h @ self.readout + self.element_energy[species[:rows]]
+        return with_ghost_rows(torch.where(mapped[:rows], energies, 0.0), graph.ntotal)
