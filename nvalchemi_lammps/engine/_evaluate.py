@@ -110,6 +110,11 @@ def evaluate(
         task=task,
         **system,
     )
+    if not spec.needs_positions:
+        with torch.no_grad():
+            terms = potential.pair_terms(graph)
+        if terms is not None:
+            return _from_pair_terms(graph, leaf.detach(), *terms)
     energies = potential(graph)
     if energies.shape != (graph.ntotal,):
         raise ValueError(
@@ -136,3 +141,15 @@ def evaluate(
         atom_forces=-position_grad,
         virial=voigt,
     )
+
+
+def _from_pair_terms(
+    graph: LocalGraph, rij: torch.Tensor, pair_energy: torch.Tensor, derivative: torch.Tensor
+) -> Evaluation:
+    """The evaluation of a pair potential from its closed form (``Potential.pair_terms``):
+    receivers are owned atoms (the contract), so every pair's share is owned energy."""
+    f64 = torch.float64
+    energies = torch.zeros(graph.ntotal, dtype=f64, device=rij.device)
+    owned = energies.index_add_(0, graph.pair_i, pair_energy.to(f64))[: graph.nlocal]
+    pair_forces = derivative.to(f64).unsqueeze(1) * rij
+    return Evaluation(energy=float(owned.sum()), atom_energies=owned, pair_forces=pair_forces)

@@ -125,15 +125,39 @@ class LennardJones(Potential):
         return self
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:
-        si = graph.species[graph.pair_i]
-        sj = graph.species[graph.pair_j]
-        rsq = (graph.rij * graph.rij).sum(dim=1)
-        r2inv = 1.0 / rsq
-        r6inv = r2inv * r2inv * r2inv
-        pair_energy = r6inv * (self.lj3[si, sj] * r6inv - self.lj4[si, sj]) - self.offset[si, sj]
-        # pairs with an atom of a NULL type (species -1) carry no energy
-        inside = (rsq < self.cutsq[si, sj]) & (si >= 0) & (sj >= 0)
-        pair_energy = torch.where(inside, pair_energy, 0.0)
+        pair_energy, _ = self._pairs(graph, derivative=False, null_atoms=True)
         # Each directed pair carries half the pair energy to its receiver.
         energies = torch.zeros(graph.ntotal, dtype=graph.rij.dtype, device=graph.rij.device)
         return energies.index_add(0, graph.pair_i, 0.5 * pair_energy)
+
+    def pair_terms(self, graph: LocalGraph) -> tuple[torch.Tensor, torch.Tensor]:
+        # eager only (the engine's): a look at the species spares two gathers per pair
+        null_atoms = bool((graph.species < 0).any())
+        pair_energy, force_over_r = self._pairs(graph, derivative=True, null_atoms=null_atoms)
+        return 0.5 * pair_energy, -0.5 * force_over_r
+
+    def _pairs(
+        self, graph: LocalGraph, derivative: bool, null_atoms: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Each pair's energy and, with ``derivative``, ``-(1/r) dE/dr``, as lj/cut computes
+        them (its ``forcelj * r2inv``); zero beyond the pair's cutoff and, when the graph may
+        have ``null_atoms``, for atoms of NULL types (species -1)."""
+        rsq = (graph.rij * graph.rij).sum(dim=1)
+        r2inv = 1.0 / rsq
+        r6inv = r2inv * r2inv * r2inv
+        if self.lj3.numel() == 1:  # one element: no per-pair parameter lookup
+            lj3, lj4, offset = self.lj3[0, 0], self.lj4[0, 0], self.offset[0, 0]
+            inside = rsq < self.cutsq[0, 0]
+            if null_atoms:
+                inside &= (graph.species[graph.pair_i] >= 0) & (graph.species[graph.pair_j] >= 0)
+        else:
+            si, sj = graph.species[graph.pair_i], graph.species[graph.pair_j]
+            lj3, lj4, offset = self.lj3[si, sj], self.lj4[si, sj], self.offset[si, sj]
+            # pairs with an atom of a NULL type (species -1) carry no energy
+            inside = (rsq < self.cutsq[si, sj]) & (si >= 0) & (sj >= 0)
+        pair_energy = torch.where(inside, r6inv * (lj3 * r6inv - lj4) - offset, 0.0)
+        if not derivative:
+            return pair_energy, None
+        # lj/cut's forcelj * r2inv, with lj1 = 12 lj3 and lj2 = 6 lj4
+        force_over_r = r6inv * (12.0 * lj3 * r6inv - 6.0 * lj4) * r2inv
+        return pair_energy, torch.where(inside, force_over_r, 0.0)
