@@ -253,7 +253,7 @@ def _blas_name() -> str:
     liblammps.so: see ``_torch_blas``)."""
     try:
         return os.path.basename(blas_library())
-    except (OSError, ValueError, AttributeError):  # another platform, another torch build
+    except (OSError, ValueError, AttributeError, IndexError):  # another platform or build
         return "unknown"
 
 

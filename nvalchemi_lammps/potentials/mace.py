@@ -40,7 +40,7 @@ import torch
 
 from ..contract import LocalGraph, ModelSpec
 from ._base import Potential, register_potential
-from ._layers import receiving_pairs, updated_rows, with_ghost_rows
+from ._layers import energy_rows, receiving_pairs, scattered, updated_rows, with_ghost_rows
 
 #: The mace-torch model classes whose forward this module reproduces.
 MODEL_CLASSES = ("MACE", "ScaleShiftMACE")
@@ -601,30 +601,35 @@ def _node_energies(
         pair_energy = torch.zeros_like(node_e0)
 
     features = []
-    layers = len(model.interactions)
-    for layer, (interaction, product) in enumerate(zip(model.interactions, model.products)):
+    plan = updated_rows(graph, len(model.interactions))
+    for layer, (interaction, product, rows) in enumerate(
+        zip(model.interactions, model.products, plan)
+    ):
         if layer > 0:
             # ghosts take their owners' features (the identity under the widened shell)
-            node_feats = graph.comm.forward_exchange(with_ghost_rows(node_feats, graph.ntotal))
-        rows = updated_rows(graph, last_layer=layer == layers - 1)
+            node_feats = graph.comm.forward_exchange(node_feats)
         edges = _receiving_edges(graph, rows, edge_attrs, edge_feats, edge_index, cutoff)
         node_feats, sc = interaction(
             node_attrs=node_attrs, node_feats=node_feats, first_layer=layer == 0, **edges
         )
         # the product basis, mace's costliest block per atom, on the rows whose update is used
-        node_feats, sc = node_feats[:rows], None if sc is None else sc[:rows]
-        if rows:
-            node_feats = product(node_feats=node_feats, sc=sc, node_attrs=node_attrs[:rows])
+        attrs = node_attrs
+        if rows is not None:
+            node_feats, attrs = node_feats[rows], node_attrs[rows]
+            sc = None if sc is None else sc[rows]
+        if len(node_feats):
+            node_feats = product(node_feats=node_feats, sc=sc, node_attrs=attrs)
         else:
             # mace's symmetric contraction cannot reshape zero rows; a rank without atoms
             # still exchanges (and reverse-exchanges in backward) like every other rank,
             # so its empty features stay connected to the pair vectors
             width = product.linear.irreps_out.dim
             node_feats = node_feats.sum() * node_feats.new_zeros(0, width)
+        node_feats = scattered(rows, node_feats, graph.ntotal)
         features.append(node_feats)
 
-    # energies of the owned rows (the last layer's); ghost rows' are never read
-    owned = rows
+    # energies of the owned rows; ghost rows' are never read
+    owned = energy_rows(graph)
     node_heads = node_heads[:owned]
     readout_energies = [
         readout(features[-1 if len(model.readouts) == 1 else k][:owned], node_heads)[:, head]
@@ -642,13 +647,13 @@ def _node_energies(
 
 def _receiving_edges(
     graph: LocalGraph,
-    rows: int,
+    rows: torch.Tensor | None,
     edge_attrs: torch.Tensor,
     edge_feats: torch.Tensor,
     edge_index: torch.Tensor,
     cutoff: torch.Tensor | None,
 ) -> dict[str, torch.Tensor | None]:
-    """The interaction block's edge arguments, for the edges into the first ``rows`` rows."""
+    """The interaction block's edge arguments, for the edges into ``rows`` (``None``: all)."""
     pairs = receiving_pairs(graph, rows)
     if pairs is not None:
         edge_attrs, edge_feats = edge_attrs[pairs], edge_feats[pairs]

@@ -14,7 +14,7 @@ import torch
 
 from ..contract import LocalGraph, ModelSpec
 from ._base import Potential, register_potential
-from ._layers import receiving_pairs, updated_rows, with_ghost_rows
+from ._layers import energy_rows, receiving_pairs, updated_rows, with_ghost_rows
 
 
 def _smooth_cutoff(r: torch.Tensor, cutoff: float) -> torch.Tensor:
@@ -31,7 +31,8 @@ class MessagePassing(Potential):
     radial basis. Between layers the ghost rows of ``h`` are refreshed through
     ``graph.comm.forward_exchange``, so with the exchange strategy a ghost shell of one
     cutoff suffices and layers update owned rows only; under the widened shell the exchange
-    is the identity and ghosts' features are computed from their own pairs (``_layers``).
+    is the identity and the ghosts still needed compute their features from their own pairs
+    (``_layers``).
 
     :param elements: element names
     :param cutoff: pair cutoff
@@ -113,11 +114,9 @@ class MessagePassing(Potential):
         basis = torch.sin(r[:, None] * self.frequencies) * envelope[:, None]
 
         h = self.embedding[species]
-        layers = self.spec.layers
-        for layer in range(layers):
+        for layer, rows in enumerate(updated_rows(graph, self.spec.layers)):
             if layer > 0:
-                h = graph.comm.forward_exchange(with_ghost_rows(h, graph.ntotal))
-            rows = updated_rows(graph, last_layer=layer == layers - 1)
+                h = graph.comm.forward_exchange(h)
             pairs = receiving_pairs(graph, rows)
             pair_i, pair_j, pair_basis = (
                 (graph.pair_i, graph.pair_j, basis)
@@ -125,7 +124,12 @@ class MessagePassing(Potential):
                 else (graph.pair_i[pairs], graph.pair_j[pairs], basis[pairs])
             )
             messages = (pair_basis @ self.radial[layer]) * h[pair_j]
-            summed = h.new_zeros((rows, h.shape[1])).index_add(0, pair_i, messages)
-            h = h[:rows] + torch.nn.functional.silu(summed @ self.update[layer])
-        energies = h @ self.readout + self.element_energy[species[:rows]]
-        return with_ghost_rows(torch.where(mapped[:rows], energies, 0.0), graph.ntotal)
+            summed = torch.zeros_like(h).index_add(0, pair_i, messages)
+            if rows is None:
+                h = h + torch.nn.functional.silu(summed @ self.update[layer])
+            else:  # rows not updated are never read again
+                update = torch.nn.functional.silu(summed[rows] @ self.update[layer])
+                h = h.index_add(0, rows, update)
+        n = energy_rows(graph)
+        energies = h[:n] @ self.readout + self.element_energy[species[:n]]
+        return with_ghost_rows(torch.where(mapped[:n], energies, 0.0), graph.ntotal)
