@@ -170,7 +170,8 @@ def bench_mace(args: argparse.Namespace, tmp: Path) -> list[dict]:
                     )
                     print(
                         f"MACE {interactions} int {atoms} atoms {ranks}x{threads} rep {rep}: "
-                        f"LAMMPS {got['lammps'][-1]:.1f} ms/step, direct {got['direct'][-1]:.1f} ms",
+                        f"LAMMPS {got['lammps'][-1]:.1f} ms/step, "
+                        f"direct {got['direct'][-1]:.1f} ms",
                         flush=True,
                     )
             for (ranks, threads), got in samples.items():
@@ -197,7 +198,11 @@ def mace_table(rows: list[dict]) -> str:
         "step / direct | speed-up over 1 x 1 |",
         "|---:|---:|---|---:|---:|---:|---:|",
     ]
-    single = {(r["interactions"], r["atoms"]): r["lammps_ms"] for r in rows if r["ranks"] == 1 and r["threads"] == 1}
+    single = {
+        (r["interactions"], r["atoms"]): r["lammps_ms"]
+        for r in rows
+        if r["ranks"] == 1 and r["threads"] == 1
+    }
     for r in rows:
         base = single.get((r["interactions"], r["atoms"]))
         speedup = f"{base / r['lammps_ms']:.2f}" if base else "—"
@@ -290,11 +295,12 @@ def bench_lj(args: argparse.Namespace, tmp: Path) -> list[dict]:
             for name, (pair, build) in styles.items():  # alternate: side by side
                 lmp, env = build or (None, {})
                 script = lj_script(pair, args.cells, args.warmup, args.steps)
-                workdir = tmp / f"lj-{ranks}-{len(samples[name])}-{name.replace('/', '_').replace(' ', '_')}"
+                label = name.replace("/", "_").replace(" ", "_")
+                workdir = tmp / f"lj-{ranks}-{rep}-{label}"
                 run = run_lammps(script, ranks, workdir, env=env, lmp=lmp).check()
                 timing = parse_timing(run.output)
                 samples[name].append(1e3 * timing["loop"] / timing["steps"])
-                print(f"LJ {ranks} ranks {name} rep {rep}: {samples[name][-1]:.2f} ms/step", flush=True)
+                print(f"LJ {ranks} ranks {name} rep {rep}: {samples[name][-1]:.2f} ms/step")
         medians = {name: statistics.median(s) for name, s in samples.items()}
         rows.append({"atoms": 4 * args.cells**3, "ranks": ranks, "ms": medians, "samples": samples})
     return rows
@@ -303,13 +309,16 @@ def bench_lj(args: argparse.Namespace, tmp: Path) -> list[dict]:
 def lj_table(rows: list[dict]) -> str:
     names = list(rows[0]["ms"])
     reference = {"nvalchemi": "lj/cut"}
-    reference.update({n: "ML-IAP build lj/cut" for n in names if n.startswith("ML-IAP build M") or n.endswith("model")})
+    for name in names:  # the ML-IAP build's styles against its own lj/cut
+        if name.startswith("ML-IAP build") and name != "ML-IAP build lj/cut":
+            reference[name] = "ML-IAP build lj/cut"
     head = "| atoms | ranks | " + " | ".join(f"{n} ms/step" for n in names)
     head += " | " + " | ".join(f"{n} / {ref}" for n, ref in reference.items()) + " |"
     lines = [head, "|" + "---:|" * (2 + len(names) + len(reference))]
     for r in rows:
         ms = r["ms"]
-        cells = [f"{ms[n]:.2f}" for n in names] + [f"{ms[n] / ms[ref]:.1f}x" for n, ref in reference.items()]
+        cells = [f"{ms[n]:.2f}" for n in names]
+        cells += [f"{ms[n] / ms[ref]:.1f}x" for n, ref in reference.items()]
         lines.append(f"| {r['atoms']:,} | {r['ranks']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -322,7 +331,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("what", choices=("mace", "lj"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps (mace <= 1,000 atoms: 10; lj: 50)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="timed steps (mace <= 1,000 atoms: 10; lj: 50)"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--tag", default="", help="suffix of the output files")
     mace = parser.add_argument_group("mace")
