@@ -19,6 +19,7 @@ using namespace NvalchemiLammps;
 namespace {
 
 constexpr const char *FRONTEND_MODULE = "nvalchemi_lammps.frontends.plugin";
+constexpr const char *TORCH_BLAS_MODULE = "nvalchemi_lammps._torch_blas";
 constexpr const char *PYTHON_ENV_VAR = "NVALCHEMI_LAMMPS_PYTHON";
 
 class GilLock {
@@ -316,6 +317,11 @@ PythonSession::PythonSession(const std::string &model_path, int num_threads,
 {
   start_python();
   GilLock gil;
+  // before anything imports torch: torch calls its own BLAS, not the one LAMMPS exports
+  PyRef blas(PyImport_ImportModule(TORCH_BLAS_MODULE));
+  if (!blas) raise_python_error("cannot import nvalchemi_lammps: ");
+  PyRef loaded(PyObject_CallMethod(blas.get(), "load_torch", nullptr));
+  if (!loaded) raise_python_error("");
   PyRef module(PyImport_ImportModule(FRONTEND_MODULE));
   if (!module) raise_python_error("cannot import nvalchemi_lammps: ");
   PyRef session(PyObject_CallMethod(module.get(), "open_session", "sisi", model_path.c_str(),

@@ -36,6 +36,11 @@ class Comm:
     no atoms, or the run deadlocks.
     """
 
+    #: ``forward_exchange`` overwrites every ghost row with its owner's (the exchange
+    #: strategy): a message-passing potential then updates owned rows only. ``False`` where
+    #: ghost rows are computed locally (the widened shell) or there are none.
+    exchange: bool = False
+
     def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
         """Return a copy of ``src`` (rows = owned + ghost atoms) whose ghost rows hold their
         owners' rows."""

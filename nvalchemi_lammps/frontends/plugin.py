@@ -9,6 +9,7 @@ neighbor-list builds is copied to the model's device).
 from __future__ import annotations
 
 import math
+import os
 import time
 import warnings
 
@@ -16,6 +17,7 @@ import torch
 
 from .._elements import map_elements
 from .._model_file import ModelFileWarning, open_model
+from .._torch_blas import blas_library
 from ..engine import CompiledPotential, Evaluation, compile_potential, evaluate
 from ._lammps_comm import ExchangePlan, LammpsComm
 
@@ -71,7 +73,8 @@ class PluginSession:
         spec = self.potential.spec
         return (
             f"{self.potential.name} model: elements {' '.join(spec.elements)}, "
-            f"cutoff {spec.cutoff:g}, units {spec.units}, {spec.dtype}, on {self.device}"
+            f"cutoff {spec.cutoff:g}, units {spec.units}, {spec.dtype}, on {self.device}, "
+            f"BLAS of {_blas_name()}"
         )
 
     def set_strategy(self, strategy: str) -> None:
@@ -256,6 +259,15 @@ class PluginSession:
 def _energy(result: Evaluation) -> float:
     """The energy for the pair style, NaN when any energy or force is not finite."""
     return result.energy if result.finite else math.nan
+
+
+def _blas_name() -> str:
+    """The library torch's float64 matrix multiplies run in (libtorch_cpu.so, not
+    liblammps.so: see ``_torch_blas``)."""
+    try:
+        return os.path.basename(blas_library())
+    except (OSError, ValueError, AttributeError, IndexError):  # another platform or build
+        return "unknown"
 
 
 def _within_cutoff(

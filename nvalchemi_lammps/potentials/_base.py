@@ -55,6 +55,14 @@ class Potential(torch.nn.Module):
     def from_config(cls, config: dict[str, Any]) -> Potential:
         return cls(**config)
 
+    def pair_terms(self, graph: LocalGraph) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A pair potential's energy and derivative in closed form, which the engine then
+        uses instead of differentiating :meth:`forward` (the same energies): each pair's
+        share of its receiver's energy and ``(1/r) d(share)/dr``, so that the pair force is
+        ``fij = (1/r) d(share)/dr * rij``; both ``(npairs,)`` in ``spec.dtype``. ``None``
+        (the default): no closed form."""
+        return None
+
     def prepare_compile(self) -> Potential:
         """This potential (or an equal one) ready for ``torch.compile`` on padded graphs
         (:class:`~nvalchemi_lammps.engine.CompiledPotential`).

@@ -40,6 +40,7 @@ import torch
 
 from ..contract import LocalGraph, ModelSpec
 from ._base import Potential, register_potential
+from ._layers import energy_rows, receiving_pairs, scattered, updated_rows, with_ghost_rows
 
 #: The mace-torch model classes whose forward this module reproduces.
 MODEL_CLASSES = ("MACE", "ScaleShiftMACE")
@@ -649,37 +650,67 @@ def _node_energies(
         pair_energy = torch.zeros_like(node_e0)
 
     features = []
-    for layer, (interaction, product) in enumerate(zip(model.interactions, model.products)):
+    plan = updated_rows(graph, len(model.interactions))
+    for layer, (interaction, product, rows) in enumerate(
+        zip(model.interactions, model.products, plan)
+    ):
         if layer > 0:
             # ghosts take their owners' features (the identity under the widened shell)
             node_feats = graph.comm.forward_exchange(node_feats)
+        edges = _receiving_edges(graph, rows, edge_attrs, edge_feats, edge_index, cutoff)
         node_feats, sc = interaction(
-            node_attrs=node_attrs,
-            node_feats=node_feats,
-            edge_attrs=edge_attrs,
-            edge_feats=edge_feats,
-            edge_index=edge_index,
-            cutoff=cutoff,
-            first_layer=layer == 0,
+            node_attrs=node_attrs, node_feats=node_feats, first_layer=layer == 0, **edges
         )
-        if graph.ntotal:
-            node_feats = product(node_feats=node_feats, sc=sc, node_attrs=node_attrs)
+        # the product basis, mace's costliest block per atom, on the rows whose update is used
+        attrs = node_attrs
+        if rows is not None:
+            node_feats, attrs = node_feats[rows], node_attrs[rows]
+            sc = None if sc is None else sc[rows]
+        if len(node_feats):
+            node_feats = product(node_feats=node_feats, sc=sc, node_attrs=attrs)
         else:
             # mace's symmetric contraction cannot reshape zero rows; a rank without atoms
             # still exchanges (and reverse-exchanges in backward) like every other rank,
             # so its empty features stay connected to the pair vectors
             width = product.linear.irreps_out.dim
             node_feats = node_feats.sum() * node_feats.new_zeros(0, width)
+        node_feats = scattered(rows, node_feats, graph.ntotal)
         features.append(node_feats)
 
+    # energies of the owned rows; ghost rows' are never read
+    owned = energy_rows(graph)
+    node_heads = node_heads[:owned]
     readout_energies = [
-        readout(features[-1 if len(model.readouts) == 1 else k], node_heads)[:, head]
+        readout(features[-1 if len(model.readouts) == 1 else k][:owned], node_heads)[:, head]
         for k, readout in enumerate(model.readouts)
     ]
+    node_e0, pair_energy = node_e0[:owned], pair_energy[:owned]
     if hasattr(model, "scale_shift"):
         # ScaleShiftMACE scales the pair repulsion with the readouts, not the E0s
         interaction_energy = torch.stack([pair_energy, *readout_energies]).sum(dim=0)
         energies = node_e0 + model.scale_shift(interaction_energy, node_heads)
     else:
         energies = torch.stack([node_e0, pair_energy, *readout_energies]).sum(dim=0)
-    return torch.where(mapped, energies, 0.0)
+    return with_ghost_rows(torch.where(mapped[:owned], energies, 0.0), graph.ntotal)
+
+
+def _receiving_edges(
+    graph: LocalGraph,
+    rows: torch.Tensor | None,
+    edge_attrs: torch.Tensor,
+    edge_feats: torch.Tensor,
+    edge_index: torch.Tensor,
+    cutoff: torch.Tensor | None,
+) -> dict[str, torch.Tensor | None]:
+    """The interaction block's edge arguments, for the edges into ``rows`` (``None``: all)."""
+    pairs = receiving_pairs(graph, rows)
+    if pairs is not None:
+        edge_attrs, edge_feats = edge_attrs[pairs], edge_feats[pairs]
+        edge_index = edge_index[:, pairs]
+        cutoff = None if cutoff is None else cutoff[pairs]
+    return {
+        "edge_attrs": edge_attrs,
+        "edge_feats": edge_feats,
+        "edge_index": edge_index,
+        "cutoff": cutoff,
+    }

@@ -14,6 +14,7 @@ import torch
 
 from ..contract import LocalGraph, ModelSpec
 from ._base import Potential, register_potential
+from ._layers import energy_rows, receiving_pairs, updated_rows, with_ghost_rows
 
 
 def _smooth_cutoff(r: torch.Tensor, cutoff: float) -> torch.Tensor:
@@ -29,8 +30,9 @@ class MessagePassing(Potential):
     ``h`` starts as a per-element embedding; ``W(r)`` is a linear map of a smooth Bessel
     radial basis. Between layers the ghost rows of ``h`` are refreshed through
     ``graph.comm.forward_exchange``, so with the exchange strategy a ghost shell of one
-    cutoff suffices; under the widened shell the exchange is the identity and ghosts'
-    features are computed from their own pairs.
+    cutoff suffices and layers update owned rows only; under the widened shell the exchange
+    is the identity and the ghosts still needed compute their features from their own pairs
+    (``_layers``).
 
     :param elements: element names
     :param cutoff: pair cutoff
@@ -112,11 +114,22 @@ class MessagePassing(Potential):
         basis = torch.sin(r[:, None] * self.frequencies) * envelope[:, None]
 
         h = self.embedding[species]
-        for layer in range(self.spec.layers):
+        for layer, rows in enumerate(updated_rows(graph, self.spec.layers)):
             if layer > 0:
                 h = graph.comm.forward_exchange(h)
-            messages = (basis @ self.radial[layer]) * h[graph.pair_j]
-            summed = torch.zeros_like(h).index_add(0, graph.pair_i, messages)
-            h = h + torch.nn.functional.silu(summed @ self.update[layer])
-        energies = h @ self.readout + self.element_energy[species]
-        return torch.where(mapped, energies, 0.0)
+            pairs = receiving_pairs(graph, rows)
+            pair_i, pair_j, pair_basis = (
+                (graph.pair_i, graph.pair_j, basis)
+                if pairs is None
+                else (graph.pair_i[pairs], graph.pair_j[pairs], basis[pairs])
+            )
+            messages = (pair_basis @ self.radial[layer]) * h[pair_j]
+            summed = torch.zeros_like(h).index_add(0, pair_i, messages)
+            if rows is None:
+                h = h + torch.nn.functional.silu(summed @ self.update[layer])
+            else:  # rows not updated are never read again
+                update = torch.nn.functional.silu(summed[rows] @ self.update[layer])
+                h = h.index_add(0, rows, update)
+        n = energy_rows(graph)
+        energies = h[:n] @ self.readout + self.element_energy[species[:n]]
+        return with_ghost_rows(torch.where(mapped[:n], energies, 0.0), graph.ntotal)

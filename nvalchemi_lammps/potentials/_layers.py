@@ -1,0 +1,62 @@
+"""Which rows a message-passing layer must update, shared by the message-passing potentials.
+
+Only owned rows' energies are used. An owned atom's energy needs its own features after the
+last layer, its senders' after the layer before, and so on: a row ``d`` pairs away from the
+owned rows (its depth) is needed up to layer ``layers - 1 - d``. So the last layer updates
+owned rows only; with the exchange strategy every layer does, since the next exchange
+overwrites ghost rows anyway; under the widened shell each layer updates the ghosts still
+needed, and the outermost shell only sends. Under ``torch.compile`` every row is updated:
+shapes stay fixed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..contract import LocalGraph
+
+
+def updated_rows(graph: LocalGraph, layers: int) -> list[torch.Tensor | None]:
+    """Per layer, the rows whose update is used (ascending indices), or ``None``: all."""
+    if torch.compiler.is_compiling() or graph.nlocal == graph.ntotal:
+        return [None] * layers
+    owned = torch.arange(graph.nlocal, device=graph.species.device)
+    if graph.comm.exchange:
+        return [owned] * layers
+    depth = torch.full_like(graph.species, layers)
+    depth[: graph.nlocal] = 0
+    for _ in range(layers - 1):  # a sender is one deeper than its receiver
+        depth = depth.scatter_reduce(0, graph.pair_j, depth[graph.pair_i] + 1, reduce="amin")
+    rows = [(depth <= layers - 1 - layer).nonzero()[:, 0] for layer in range(layers - 1)]
+    return [None if len(r) == graph.ntotal else r for r in rows] + [owned]
+
+
+def energy_rows(graph: LocalGraph) -> int:
+    """How many leading rows get energies: the owned ones (all under ``torch.compile``)."""
+    return graph.ntotal if torch.compiler.is_compiling() else graph.nlocal
+
+
+def receiving_pairs(graph: LocalGraph, rows: torch.Tensor | None) -> torch.Tensor | None:
+    """Indices of the pairs whose receiver is one of ``rows``, or ``None`` when all are
+    (with the exchange strategy receivers are owned rows only)."""
+    if rows is None or graph.comm.exchange:
+        return None
+    receiving = torch.zeros_like(graph.species, dtype=torch.bool)
+    receiving[rows] = True
+    return receiving[graph.pair_i].nonzero()[:, 0]
+
+
+def scattered(rows: torch.Tensor | None, values: torch.Tensor, ntotal: int) -> torch.Tensor:
+    """``values`` of ``rows`` in ``(ntotal, ...)`` zeros (rows not updated are never read),
+    or ``values`` themselves when they are every row's."""
+    if rows is None:
+        return values
+    return values.new_zeros((ntotal, *values.shape[1:])).index_copy(0, rows, values)
+
+
+def with_ghost_rows(x: torch.Tensor, ntotal: int) -> torch.Tensor:
+    """Owned rows' ``x`` padded with zero rows to ``ntotal``: energies of ghost rows, which
+    nobody reads."""
+    if x.shape[0] == ntotal:
+        return x
+    return torch.cat((x, x.new_zeros((ntotal - x.shape[0], *x.shape[1:]))))
