@@ -58,6 +58,7 @@ def cu_mace(interactions: int, dtype: str):
 
     mm = mace_module._mace()  # before e3nn: imports it with its side effects undone
     from e3nn import o3
+
     torch.manual_seed(0)
     with mace_module._quiet_torchscript(), mace_module._default_dtype(torch.float64):
         model = mm.ScaleShiftMACE(
@@ -115,7 +116,7 @@ def mace_script(data: Path, model: Path, device: str, warmup: int, steps: int) -
 
 def direct_ms(potential, system, threads: int, device: str, calls: int) -> float:
     """Median ms of the reference evaluator's forward and backward on the whole system."""
-    positions, cell, pairs = system
+    positions, _cell, pairs = system
     torch.set_num_threads(threads)
     n = len(positions)
     args = [
@@ -198,8 +199,10 @@ def bench_mace(args: argparse.Namespace, tmp: Path) -> list[dict]:
 
 def mace_table(rows: list[dict]) -> str:
     lines = [
-        "| interactions | atoms | ranks x threads | LAMMPS ms/step | direct fwd+bwd ms | "
-        "step / direct (median of repeats) | speed-up over 1 x 1 |",
+        (
+            "| interactions | atoms | ranks x threads | LAMMPS ms/step | direct fwd+bwd ms | "
+            "step / direct (median of repeats) | speed-up over 1 x 1 |"
+        ),
         "|---:|---:|---|---:|---:|---:|---:|",
     ]
     single = {
@@ -222,8 +225,9 @@ def mace_table(rows: list[dict]) -> str:
 
 def lj_script(pair: list[str], cells: int, warmup: int, steps: int) -> str:
     pair_lines = "\n".join(pair)
-    return textwrap.dedent(
-        f"""\
+    return (
+        textwrap.dedent(
+            f"""\
         units metal
         atom_style atomic
         lattice fcc 5.26
@@ -233,8 +237,10 @@ def lj_script(pair: list[str], cells: int, warmup: int, steps: int) -> str:
         mass 1 39.948
         displace_atoms all random 0.1 0.1 0.1 4928459 units box
         """
-    ) + pair_lines + textwrap.dedent(
-        f"""
+        )
+        + pair_lines
+        + textwrap.dedent(
+            f"""
         neighbor 1.0 bin
         velocity all create 100 4928459 dist gaussian mom yes rot yes loop geom
         timestep 0.002
@@ -244,6 +250,7 @@ def lj_script(pair: list[str], cells: int, warmup: int, steps: int) -> str:
         thermo {steps}
         run {steps}
         """
+        )
     )
 
 

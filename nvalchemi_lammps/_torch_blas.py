@@ -78,9 +78,18 @@ def _plt_slot(path: Path, symbol: str) -> int:
         sections = np.frombuffer(
             f.read(shentsize * shnum),
             dtype=np.dtype(
-                [("name", "<u4"), ("type", "<u4"), ("flags", "<u8"), ("addr", "<u8"),
-                 ("offset", "<u8"), ("size", "<u8"), ("link", "<u4"), ("info", "<u4"),
-                 ("align", "<u8"), ("entsize", "<u8")]
+                [
+                    ("name", "<u4"),
+                    ("type", "<u4"),
+                    ("flags", "<u8"),
+                    ("addr", "<u8"),
+                    ("offset", "<u8"),
+                    ("size", "<u8"),
+                    ("link", "<u4"),
+                    ("info", "<u4"),
+                    ("align", "<u8"),
+                    ("entsize", "<u8"),
+                ]
             ),
         )
 
@@ -92,8 +101,16 @@ def _plt_slot(path: Path, symbol: str) -> int:
         names = read(sections[dynsym["link"]])
         symbols = np.frombuffer(
             read(dynsym),
-            dtype=np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"),
-                            ("shndx", "<u2"), ("value", "<u8"), ("size", "<u8")]),
+            dtype=np.dtype(
+                [
+                    ("name", "<u4"),
+                    ("info", "u1"),
+                    ("other", "u1"),
+                    ("shndx", "<u2"),
+                    ("value", "<u8"),
+                    ("size", "<u8"),
+                ]
+            ),
         )
         name = names.find(b"\0" + symbol.encode() + b"\0") + 1
         index = np.nonzero(symbols["name"] == name)[0] if name > 0 else []
