@@ -14,10 +14,10 @@ computed without LAMMPS) into DIR. On the GPU machine, with a LAMMPS built by
 ``check`` runs every model ML-IAP can run (Lennard-Jones, a 3-layer message-passing
 model, MACE float64 and float32, DFT-D3) with ``-k on g N -sf kk -pk kokkos newton on neigh
 half`` on 1 rank, 2 ranks on one GPU, 2 ranks on 2 GPUs and 2 ranks of which one owns no
-atoms, and compares energy, per-atom energies, forces, pressure and per-atom stress with
+atoms (on one and on two GPUs), and compares energy, per-atom energies, forces, pressure and per-atom stress with
 the reference by atom ID (1e-10 relative in float64, 1e-5 in float32); then 200 NVE steps
 of the message-passing model on 2 ranks against 1 rank. ``bench`` times the random MACE of
-docs/performance.md (float32) through this project's model file and through mace-torch's
+docs/performance.md (float32 and float64) through this project's model file and through mace-torch's
 own ML-IAP class ``LAMMPS_MLIAP_MACE`` (same weights, same LAMMPS, same structure) and
 compares their forces by atom ID. Both print a table and write JSON next to DIR; ``check``
 exits 1 if any comparison fails.
@@ -91,7 +91,8 @@ RUNS = [
     ("1 rank", 1, 1, ""),
     ("2 ranks 1 GPU", 2, 1, "processors 2 1 1"),
     ("2 ranks 2 GPUs", 2, 2, "processors 2 1 1"),
-    ("2 ranks, one empty", 2, 2, "processors 1 1 2"),
+    ("2 ranks 1 GPU, one empty", 2, 1, "processors 1 1 2"),
+    ("2 ranks 2 GPUs, one empty", 2, 2, "processors 1 1 2"),
 ]
 #: The same on the host (``--gpus 0``)
 HOST_RUNS = [
@@ -359,49 +360,57 @@ def bench_script(
     return script
 
 
-def bench(data: Path, lammps: Lammps, sizes: list[int], gpus: int, steps: int) -> list[dict]:
+def bench(
+    data: Path, lammps: Lammps, sizes: list[int], gpus: int, steps: int, dtypes: list[str]
+) -> list[dict]:
+    """ms/step of this project's model file and of mace-torch's ``LAMMPS_MLIAP_MACE`` on the
+    same random MACE, side by side per size, and their forces by atom ID (up to 30,000
+    atoms)."""
     from bench_strategies import LATTICE, crystal
 
     rows = []
+    ranks = max(gpus, 1)
+    processors = "" if ranks == 1 else f"processors {ranks} 1 1"
     for atoms in sizes:
-        ranks = max(gpus, 1)
         path, natoms = crystal(atoms, LATTICE["mace"], data / f"bench{atoms}.data")
         dump = natoms <= 30000
-        forces = {}
-        for style, model in (("nvalchemi", "mace32.pt"), ("mace-torch", "mace32_own.pt")):
-            workdir = data / "runs" / "bench" / f"{atoms}_{style}_{ranks}"
-            processors = "" if ranks == 1 else f"processors {ranks} 1 1"
-            script = bench_script(path, data / model, processors, 5, steps, 3, dump)
-            run = lammps.run(script, ranks, gpus, workdir)
-            if run.returncode != 0:
-                print(f"{style} at {natoms} failed: {run.output[-800:]}", flush=True)
+        for dtype in dtypes:
+            bits = dtype.removeprefix("float")
+            forces = {}
+            for style, model in (
+                ("nvalchemi", f"mace{bits}.pt"),
+                ("mace-torch", f"mace{bits}_own.pt"),
+            ):
+                workdir = data / "runs" / "bench" / f"{atoms}_{style}_{dtype}_{ranks}"
+                script = bench_script(path, data / model, processors, 5, steps, 3, dump)
+                run = lammps.run(script, ranks, gpus, workdir)
+                row = {"atoms": natoms, "style": style, "dtype": dtype, "gpus": gpus}
+                if run.returncode != 0:
+                    print(f"{style} {dtype} at {natoms} failed: {failure(run)}", flush=True)
+                    rows.append({**row, "error": failure(run)[-300:]})
+                    continue
+                loops = [float(t) / int(n) for t, n in _LOOP.findall(run.output) if int(n)][-3:]
+                ms = 1e3 * statistics.median(loops)
+                rows.append({**row, "ms_per_step": ms, "repeats_ms": [1e3 * t for t in loops]})
+                if dump:
+                    forces[style] = per_atom(read_dump(workdir / "forces.dump"), ["fx", "fy", "fz"])
+                print(
+                    f"{natoms:8d} atoms {gpus} GPU {dtype} {style:10s} {ms:8.2f} ms/step",
+                    flush=True,
+                )
+            if len(forces) == 2:
+                rel = relative_difference("force", forces["nvalchemi"], forces["mace-torch"])
                 rows.append(
                     {
                         "atoms": natoms,
-                        "style": style,
+                        "dtype": dtype,
                         "gpus": gpus,
-                        "error": run.output.strip().splitlines()[-1][-200:],
+                        "force_difference": rel.relative,
                     }
                 )
-                continue
-            loops = [float(t) / int(n) for t, n in _LOOP.findall(run.output) if int(n)][-3:]
-            ms = 1e3 * statistics.median(loops)
-            rows.append(
-                {
-                    "atoms": natoms,
-                    "style": style,
-                    "gpus": gpus,
-                    "ms_per_step": ms,
-                    "repeats_ms": [1e3 * t for t in loops],
-                }
-            )
-            if dump:
-                forces[style] = per_atom(read_dump(workdir / "forces.dump"), ["fx", "fy", "fz"])
-            print(f"{natoms:8d} atoms {gpus} GPU {style:10s} {ms:8.2f} ms/step", flush=True)
-        if len(forces) == 2:
-            rel = relative_difference("force", forces["nvalchemi"], forces["mace-torch"])
-            rows.append({"atoms": natoms, "gpus": gpus, "force_difference": rel.relative})
-            print(f"{natoms:8d} atoms forces nvalchemi vs mace-torch: {rel.relative:.2e}")
+                print(
+                    f"{natoms:8d} atoms {dtype} forces nvalchemi vs mace-torch: {rel.relative:.2e}"
+                )
     return rows
 
 
@@ -415,6 +424,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20, help="bench: timed steps per repeat")
     parser.add_argument(
         "--models", nargs="+", default=[c.name for c in CASES], help="check: these models only"
+    )
+    parser.add_argument(
+        "--dtypes", nargs="+", default=["float32", "float64"], help="bench: these precisions"
     )
     parser.add_argument("--nve-steps", type=int, default=200, help="check: 0 for none")
     parser.add_argument("--json", type=Path, help="where to write the results")
@@ -436,7 +448,7 @@ def main() -> int:
         result: list = [asdict(r) for r in rows]
         ok = all(r.passed for r in rows)
     else:
-        result = bench(data, lammps, args.atoms, args.gpus, args.steps)
+        result = bench(data, lammps, args.atoms, args.gpus, args.steps, args.dtypes)
         ok = True
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
