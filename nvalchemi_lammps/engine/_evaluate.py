@@ -141,7 +141,12 @@ def evaluate(
     total = owned.sum()
     grads = [None] * len(leaves)
     if total.requires_grad:  # energies that do not depend on any input have no graph
-        grads = list(torch.autograd.grad(total, leaves, allow_unused=True))
+        # on the calling thread, not torch's per-GPU autograd thread: a potential's
+        # exchanges call MPI in the backward (LAMMPS's MPI is not initialized for threads),
+        # and a graph released by that thread after LAMMPS has finalized its embedded Python
+        # aborts the process at exit (seen on the H200 with KOKKOS ML-IAP at 2 ranks)
+        with torch.autograd.set_multithreading_enabled(False):
+            grads = list(torch.autograd.grad(total, leaves, allow_unused=True))
     grads = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads)]
     owned = owned.detach().to(torch.float64)
     energy, finite = _energy_and_finite(owned, grads)
