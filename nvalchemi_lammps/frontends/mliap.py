@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .._model_file import load_model, model_record, potential_from_record
+from .._model_file import PickledRecord, load_model, model_record, potential_from_record
 from ..contract import Comm, with_adjoint
 from ..engine import Evaluation, evaluate, potential_device
 from ..potentials import Potential
@@ -207,10 +207,11 @@ def _write(data: Any, result: Evaluation, kokkos: bool) -> torch.Tensor | None:
 class MLIAPModel(MLIAPUnified):
     """A potential as an ML-IAP unified model (``pair_style mliap unified model.pt 0``).
 
-    Pickles as ``MLIAPModel(record)`` with the model file's plain-data record (CPU
+    Pickles as ``mliap_model(record)`` with the model file's plain-data record (CPU
     tensors), which is what :func:`~nvalchemi_lammps.save_model` writes.
 
-    :param record: a model file's record (``_model_file.model_record``)
+    :param record: a model file's record (``_model_file.model_record``); version-2 files
+        call this class with it
     """
 
     def __init__(self, record: dict[str, Any]) -> None:
@@ -238,8 +239,8 @@ class MLIAPModel(MLIAPUnified):
         self._in_flight: torch.Tensor | None = None
         self._evaluations = 0  # compute_forces calls, for the messages
 
-    def __reduce__(self) -> tuple[type, tuple[dict[str, Any]]]:
-        return (MLIAPModel, (model_record(self.potential),))
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        return PickledRecord(model_record(self.potential)).__reduce__()
 
     def compute_descriptors(self, data: Any) -> None:
         """Nothing: the model has no descriptors."""
