@@ -91,7 +91,7 @@ def check_model_file(potential: Potential, path: Path) -> None:
         system = {
             "positions": x,
             "cell": side * torch.eye(3, dtype=torch.float64),
-            "pbc": getattr(potential, "periodicity", (True, True, True)),
+            "pbc": potential.periodicity,
             "charges": 1.0 - 2.0 * (torch.arange(count, dtype=torch.float64) % 2),
         }
     a = evaluate(potential, count, species, pair_i, pair_j, rij, **system)

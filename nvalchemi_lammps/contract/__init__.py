@@ -1,12 +1,13 @@
 """The data contract between a LAMMPS front door and a potential.
 
 A front door (the ``pair_style nvalchemi`` plugin, or ML-IAP) fills a :class:`LocalGraph`
-for one MPI rank and one step; a potential turns it into per-atom energies. Neither side
-knows the other.
+for one MPI rank and one step; a :class:`Potential` turns it into per-atom energies. Neither
+side knows the other: every hook of a potential is declared on :class:`Potential`.
 """
 
 from ._comm import Comm, NoOpComm, with_adjoint
 from ._graph import LocalGraph
+from ._potential import Potential
 from ._spec import STRATEGIES, UNIT_STYLES, ModelSpec
 
 __all__ = [
@@ -16,5 +17,6 @@ __all__ = [
     "LocalGraph",
     "ModelSpec",
     "NoOpComm",
+    "Potential",
     "with_adjoint",
 ]

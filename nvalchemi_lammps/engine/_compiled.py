@@ -24,8 +24,7 @@ from typing import Any
 
 import torch
 
-from ..contract import Comm, LocalGraph
-from ..potentials import Potential
+from ..contract import Comm, LocalGraph, Potential
 
 #: ``torch.compile`` modes a pair style may ask for (``pair_style nvalchemi ... compile M``)
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -131,6 +130,8 @@ class CompiledPotential(Potential):
         self.inner = potential.prepare_compile()
         self.name = potential.name
         self.spec = potential.spec
+        self.system_state = potential.system_state
+        self.periodicity = potential.periodicity
         self.mode = mode
         self.headroom = float(headroom)
         self.atom_capacity = 0
@@ -158,6 +159,9 @@ class CompiledPotential(Potential):
 
     def config(self) -> dict[str, Any]:
         return self.inner.config()
+
+    def check_system_state(self, spin: int | None, task: str | None) -> None:
+        self.inner.check_system_state(spin, task)
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:
         ntotal, npairs = graph.ntotal, graph.npairs
@@ -201,30 +205,11 @@ class CompiledPotential(Potential):
 def compile_potential(
     potential: Potential, mode: str = "default", headroom: float = 0.2
 ) -> Potential:
-    """``potential`` under ``torch.compile`` on padded graphs, a drop-in for it.
-
-    A potential is wrapped in a :class:`CompiledPotential`. A pipeline is compiled term by
-    term: it picks each term's pairs by their length, which no fixed-shape graph can do, so
-    that selection runs eagerly between compiled terms. Its terms without compile support
-    run eagerly too, and so does a term whose predicted charges feed another (the compiled
-    wrapper returns energies only).
+    """``potential`` under ``torch.compile`` on padded graphs, a drop-in for it: wrapped in
+    a :class:`CompiledPotential`, or, for a potential made of parts (a pipeline), the parts
+    that can be (:meth:`Potential.compiled <nvalchemi_lammps.contract.Potential.compiled>`).
 
     :raises ValueError: an unknown mode, or nothing in ``potential`` can be compiled
     """
-    from ..potentials.pipeline import Pipeline
-
     _check_mode(mode)
-    if not isinstance(potential, Pipeline):
-        return CompiledPotential(potential, mode, headroom)
-    terms = []
-    for k, term in enumerate(potential.terms):
-        if k not in potential.charges_from:
-            try:
-                term = CompiledPotential(term, mode, headroom)
-            except ValueError:  # prepare_compile's refusal: this term stays eager
-                pass
-        terms.append(term)
-    if not any(isinstance(t, CompiledPotential) for t in terms):
-        names = ", ".join(t.name for t in terms)
-        raise ValueError(f"no term of this pipeline can be compiled ({names})")
-    return Pipeline(terms, potential.charges_from)
+    return potential.compiled(lambda part: CompiledPotential(part, mode, headroom))

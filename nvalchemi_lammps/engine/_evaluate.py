@@ -5,8 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..contract import Comm, LocalGraph, NoOpComm
-from ..potentials import Potential
+from ..contract import Comm, LocalGraph, NoOpComm, Potential
 
 
 @dataclass(frozen=True)

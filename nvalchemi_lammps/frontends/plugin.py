@@ -103,13 +103,7 @@ class PluginSession:
         the model cannot take is refused here, before the run."""
         spin_given = None if spin < 0 else int(spin)
         task_given = task or None
-        check = getattr(self.potential, "check_system_state", None)
-        if check is not None:
-            check(spin=spin_given, task=task_given)
-        else:
-            for keyword, value in (("spin", spin_given), ("task", task_given)):
-                if value is not None:
-                    raise ValueError(f"the {self.potential.name} model takes no {keyword}")
+        self.potential.check_system_state(spin=spin_given, task=task_given)
         self.total_charge, self.spin, self.task = float(charge), spin_given, task_given
 
     def set_compile(self, mode: str) -> str:
@@ -120,8 +114,8 @@ class PluginSession:
             return ""
         self.potential = compile_potential(self.potential, mode)
         compiled = ", ".join(m.name for m in self._compiled())
-        terms = getattr(self.potential, "terms", ())  # a pipeline's
-        eager = [t.name for t in terms if not isinstance(t, CompiledPotential)]
+        parts = self.potential.parts()  # a pipeline's terms
+        eager = [t.name for t in parts if not isinstance(t, CompiledPotential)]
         return f"torch.compile ({mode}): {compiled}" + (
             f"; eager: {', '.join(eager)}" if eager else ""
         )
