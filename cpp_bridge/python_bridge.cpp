@@ -312,7 +312,7 @@ PyObject *collectives_type()
 
 PythonSession::PythonSession(const std::string &model_path, int num_threads,
                              const std::string &device, int local_rank) :
-    session_(nullptr), cutoff_(0.0), layers_(1), needs_positions_(false), uses_exchange_(false),
+    session_(nullptr), cutoff_(0.0), layers_(1), needs_positions_(false), strategy_("local"), ghost_cutoff_(0.0),
     on_device_(false), digest_verified_(false)
 {
   start_python();
@@ -375,9 +375,15 @@ void PythonSession::set_strategy(const std::string &strategy)
   PyObject *session = static_cast<PyObject *>(session_);
   PyRef done(PyObject_CallMethod(session, "set_strategy", "s", strategy.c_str()));
   if (!done) raise_python_error("");
-  PyRef uses_exchange(PyObject_GetAttrString(session, "uses_exchange"));
-  if (!uses_exchange) raise_python_error("");
-  uses_exchange_ = PyObject_IsTrue(uses_exchange.get()) == 1;
+  // the decision is Python's (contract.resolve_strategy); the pair style only reads it
+  PyRef name(PyObject_GetAttrString(session, "strategy"));
+  const char *text = name ? PyUnicode_AsUTF8(name.get()) : nullptr;
+  if (!text) raise_python_error("");
+  strategy_ = text;
+  PyRef ghost(PyObject_GetAttrString(session, "ghost_cutoff"));
+  if (!ghost) raise_python_error("");
+  ghost_cutoff_ = PyFloat_AsDouble(ghost.get());
+  if (PyErr_Occurred()) raise_python_error("");
 }
 
 /* ---------------------------------------------------------------------- */

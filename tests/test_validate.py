@@ -11,6 +11,7 @@ message that says what to change.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import textwrap
@@ -23,6 +24,7 @@ from _broken_models import UnderdeclaredMessagePassing, importable_in_lammps
 from nvalchemi_lammps import LennardJones, MessagePassing, save_model
 from nvalchemi_lammps.cli import COMMANDS
 from nvalchemi_lammps.cli import validate as cli
+from nvalchemi_lammps.contract import resolve_strategy
 from nvalchemi_lammps.lammps_run import write_lammps_data
 from nvalchemi_lammps.reference import evaluate_reference
 
@@ -178,26 +180,25 @@ def test_element_masses():
         cli.element_masses(["Xx"], needed=True)
 
 
-def test_resolve_strategy():
+def test_strategy_for():
+    """validate asks the plugin's own rule (contract.resolve_strategy)."""
     lj = LennardJones(elements=["Ar"], epsilon={"Ar": 0.01}, sigma={"Ar": 3.4}, cutoff=8.0)
-    assert cli.resolve_strategy(lj, "shell") == "local"
+    assert cli.strategy_for(lj, "shell").name == "local"
     mp = _message_passing()
-    assert [cli.resolve_strategy(mp, s) for s in ("auto", "exchange", "shell")] == [
+    assert [cli.strategy_for(mp, s).name for s in ("auto", "exchange", "shell")] == [
         "exchange",
         "exchange",
         "shell",
     ]
-    assert cli.ghost_cutoff_needed(mp, "exchange") == CUTOFF
-    assert cli.ghost_cutoff_needed(mp, "shell") == 2 * CUTOFF
+    assert cli.strategy_for(mp, "exchange").ghost_cutoff == CUTOFF
+    assert cli.strategy_for(mp, "shell").ghost_cutoff == 2 * CUTOFF
     mp.spec = dataclasses.replace(mp.spec, strategies=("exchange",))
     message = "the message_passing model does not support strategy shell (it supports: exchange)"
     with pytest.raises(cli.UsageError, match=re.escape(message)):
-        cli.resolve_strategy(mp, "shell")
+        cli.strategy_for(mp, "shell")
 
 
 LOG = """\
-pair_style nvalchemi: message_passing model: elements Ar Ne, cutoff 5, units metal, float64
-pair_style nvalchemi: 2 message-passing layers, {line}
 Neighbor list info ...
   update: every = 1 steps, delay = 0 steps, check = yes
   master list distance cutoff = 12
@@ -205,12 +206,16 @@ Neighbor list info ...
 """
 
 
-def test_read_log():
-    shell = cli.read_log(LOG.format(line="ghost shell of 2 x cutoff, no exchange"))
-    assert shell == cli.LogFacts(ghost_cutoff=12.0, strategy="shell")
-    exchange = cli.read_log(LOG.format(line="ghost features exchanged after each layer"))
-    assert exchange.strategy == "exchange"
-    assert cli.read_log("nothing") == cli.LogFacts(ghost_cutoff=None, strategy="local")
+def test_read_log(tmp_path):
+    """The ghost cutoff comes from LAMMPS's log, the strategy from the plugin's reports."""
+    mp = _message_passing()
+    for pid, asked in ((11, "shell"), (12, "shell")):
+        report = resolve_strategy(mp.spec, asked, mp.name).to_dict()
+        (tmp_path / f"strategy-{pid}.json").write_text(json.dumps(report))
+    assert cli.read_log(LOG, tmp_path) == cli.LogFacts(ghost_cutoff=12.0, strategy="shell")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli.read_log("nothing", empty) == cli.LogFacts(ghost_cutoff=None, strategy="none")
 
 
 def test_measure_reach():
@@ -236,7 +241,9 @@ def test_measure_reach():
 def test_advice_for_an_underdeclared_model():
     facts = {1: cli.LogFacts(7.0, "local"), 2: cli.LogFacts(7.0, "local")}
     failing = [cli.Row(1, "forces [eV/A]", 0.03, 0.5, 17)]
-    problems = cli.advice(_underdeclared(), "local", 9.32, failing, facts, 1e-10)
+    problems = cli.advice(
+        _underdeclared(), cli.strategy_for(_underdeclared(), "auto"), 9.32, failing, facts, 1e-10
+    )
     assert problems == [UNDERDECLARED_ADVICE.format(reach="9.32")]
 
 
@@ -245,7 +252,7 @@ def test_advice_for_a_two_layer_model_declaring_fewer():
     ghost shell."""
     model = UnderdeclaredMessagePassing(ELEMENTS, cutoff=CUTOFF, layers=3, declared_layers=2)
     facts = {1: cli.LogFacts(12.0, "shell")}
-    (problem,) = cli.advice(model, "shell", 13.1, [], facts, 1e-10)
+    (problem,) = cli.advice(model, cli.strategy_for(model, "shell"), 13.1, [], facts, 1e-10)
     assert "declare layers=3 (or more) in its spec (ModelSpec.layers)" in problem
     assert problem.endswith(
         "or run it with strategy shell and comm_modify cutoff 17 (layers x cutoff + the "
@@ -260,7 +267,7 @@ def test_advice_for_lammps_settings():
         2: cli.LogFacts(9.0, "shell"),
         4: cli.LogFacts(None, "exchange"),
     }
-    problems = cli.advice(mp, "shell", 8.0, [], facts, 1e-10)
+    problems = cli.advice(mp, cli.strategy_for(mp, "shell"), 8.0, [], facts, 1e-10)
     assert problems == [
         (
             "on 2 rank(s) LAMMPS's ghost atom cutoff is 9 A, not beyond the 10 A that strategy "
@@ -273,12 +280,17 @@ def test_advice_for_lammps_settings():
         ),
     ]
     failing = [cli.Row(2, "forces [eV/A]", 1e-3, 1e-2, 5)]
-    (problem,) = cli.advice(mp, "exchange", 8.0, failing, {}, 1e-10)
+    (problem,) = cli.advice(mp, cli.strategy_for(mp, "exchange"), 8.0, failing, {}, 1e-10)
     assert problem.startswith(
         "with strategy exchange the numbers differ at 2 rank(s): the model's forward must call "
         "graph.comm.forward_exchange"
     )
-    assert cli.advice(mp, "exchange", 8.0, [], {2: cli.LogFacts(7.0, "exchange")}, 1e-10) == []
+    assert (
+        cli.advice(
+            mp, cli.strategy_for(mp, "exchange"), 8.0, [], {2: cli.LogFacts(7.0, "exchange")}, 1e-10
+        )
+        == []
+    )
 
 
 def test_difference_names_the_worst_atom():

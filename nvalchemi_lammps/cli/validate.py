@@ -19,6 +19,7 @@ not (the report says what to change) or LAMMPS fails, 2 for a bad command line.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import sys
@@ -33,7 +34,7 @@ import numpy as np
 from ._command import subcommand_main
 
 if TYPE_CHECKING:
-    from ..potentials import Potential
+    from ..contract import Potential, Strategy
     from ..reference import ReferenceResult
 
 HELP = "compare LAMMPS on several rank counts with the single-process reference"
@@ -214,27 +215,15 @@ def read_data_header(path: Path) -> DataHeader:
 # --- what the model needs -------------------------------------------------------------------
 
 
-def resolve_strategy(potential: Potential, asked: str) -> str:
-    """``local``, ``exchange`` or ``shell``: what ``pair_style nvalchemi ... strategy
-    ASKED`` runs (the rule of :meth:`~nvalchemi_lammps.frontends.plugin.PluginSession.
-    set_strategy`, repeated here so that LAMMPS's log can be checked against it)."""
-    spec = potential.spec
-    if spec.layers == 1:
-        return "local"
-    if asked == "auto":
-        return spec.strategies[0]
-    if asked not in spec.strategies:
-        raise UsageError(
-            f"the {potential.name} model does not support strategy {asked} "
-            f"(it supports: {', '.join(spec.strategies)})"
-        )
-    return asked
+def strategy_for(potential: Potential, asked: str) -> Strategy:
+    """What ``pair_style nvalchemi ... strategy ASKED`` runs: the plugin's own rule
+    (:func:`~nvalchemi_lammps.contract.resolve_strategy`), a usage error when refused."""
+    from ..contract import resolve_strategy
 
-
-def ghost_cutoff_needed(potential: Potential, strategy: str) -> float:
-    """The ghost shell a strategy needs: layers x cutoff for ``shell``, else one cutoff."""
-    spec = potential.spec
-    return spec.interaction_range if strategy == "shell" else spec.cutoff
+    try:
+        return resolve_strategy(potential.spec, asked, potential.name)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 def describe_needs(potential: Potential, strategy: str, asked: str) -> list[tuple[str, str]]:
@@ -268,19 +257,17 @@ def describe_needs(potential: Potential, strategy: str, asked: str) -> list[tupl
 
 @dataclass(frozen=True)
 class LogFacts:
-    """What LAMMPS's own output says about the run."""
+    """What a run says about itself."""
 
-    ghost_cutoff: float | None  # "ghost atom cutoff = X" of the neighbor list info
-    strategy: str  # local / exchange / shell, from the pair style's lines
+    ghost_cutoff: float | None  # "ghost atom cutoff = X" of LAMMPS's neighbor list info
+    strategy: str  # what the plugin's sessions reported (REPORT_ENV), "none" without a report
 
 
-def read_log(output: str) -> LogFacts:
-    if re.search(r"^pair_style nvalchemi: .*ghost shell of \d+ x cutoff", output, re.MULTILINE):
-        strategy = "shell"
-    elif re.search(r"^pair_style nvalchemi: .*ghost features exchanged", output, re.MULTILINE):
-        strategy = "exchange"
-    else:
-        strategy = "local"
+def read_log(output: str, reports: Path) -> LogFacts:
+    """LAMMPS's ghost atom cutoff from its ``output``, and the strategy the plugin decided
+    from the reports its sessions wrote into ``reports`` (every rank's, all the same)."""
+    decided = {json.loads(f.read_text())["name"] for f in sorted(reports.glob("strategy-*.json"))}
+    strategy = " / ".join(sorted(decided)) or "none"
     ghost = re.search(r"^\s*ghost atom cutoff = (\S+)", output, re.MULTILINE)
     return LogFacts(ghost_cutoff=float(ghost.group(1)) if ghost else None, strategy=strategy)
 
@@ -407,9 +394,13 @@ class RankRun:
 
 def run_ranks(setup: RunSetup, ranks: int, workdir: Path) -> RankRun | str:
     """One LAMMPS run; a failed run returns its output tail instead."""
+    from ..contract import REPORT_ENV
     from ..lammps_run import read_dump, read_results, run_lammps
 
-    run = run_lammps(lammps_script(setup), ranks, workdir, timeout=RUN_TIMEOUT)
+    reports = workdir / "reports"
+    reports.mkdir(parents=True, exist_ok=True)
+    env = {REPORT_ENV: str(reports)}
+    run = run_lammps(lammps_script(setup), ranks, workdir, timeout=RUN_TIMEOUT, env=env)
     if run.returncode != 0 or not (workdir / "step0.dump").is_file():
         return run.output[-3000:]
     final = read_dump(workdir / "final.dump") if setup.steps else None
@@ -417,7 +408,7 @@ def run_ranks(setup: RunSetup, ranks: int, workdir: Path) -> RankRun | str:
         ranks=ranks,
         step0=read_dump(workdir / "step0.dump"),
         results=read_results(run.output, "RESULT"),
-        log=read_log(run.output),
+        log=read_log(run.output, reports),
         final=final,
         final_results=read_results(run.output, "FINAL"),
     )
@@ -530,7 +521,7 @@ def format_table(rows: list[Row], tolerance: float) -> list[str]:
 
 def advice(
     potential: Potential,
-    strategy: str,
+    decision: Strategy,
     reach: float,
     failing: list[Row],
     logs: dict[int, LogFacts],
@@ -561,7 +552,7 @@ def advice(
             f"declared receptive field cutoff x layers = {rc:g} x {layers} = "
             f"{spec.interaction_range:g} A: {fix}"
         )
-    needed = ghost_cutoff_needed(potential, strategy)
+    strategy, needed = decision.name, decision.ghost_cutoff
     for ranks, log in sorted(logs.items()):
         if log.strategy != strategy:
             problems.append(
@@ -815,7 +806,7 @@ def _validate(args: argparse.Namespace, workdir: Path) -> int:
         if args.steps < 0:
             raise UsageError(f"--steps must be 0 or more, got {args.steps}")
         potential = load_model(args.model)
-        strategy = resolve_strategy(potential, args.strategy)
+        decision = strategy_for(potential, args.strategy)
     except (ModelFileError, UsageError) as err:
         print(f"error: {err}")
         return 2
@@ -826,7 +817,7 @@ def _validate(args: argparse.Namespace, workdir: Path) -> int:
         f"{args.model}: {potential.name}, elements {' '.join(spec.elements)}, "
         f"units {spec.units}, {spec.dtype}",
     )
-    for label, text in describe_needs(potential, strategy, args.strategy):
+    for label, text in describe_needs(potential, decision.name, args.strategy):
         _say(label, text)
     workdir.mkdir(parents=True, exist_ok=True)
     try:
@@ -854,7 +845,7 @@ def _validate(args: argparse.Namespace, workdir: Path) -> int:
         f"field; declared: {spec.interaction_range:g} A)",
     )
 
-    needed = ghost_cutoff_needed(potential, strategy)
+    needed = decision.ghost_cutoff
     print(f"\nLAMMPS    {'ranks':>5}  {'ghost atom cutoff':>18}  {'needed':>8}  strategy run")
     for n, run in runs.items():
         ghost = "not in log" if run.log.ghost_cutoff is None else f"{run.log.ghost_cutoff:g} A"
@@ -877,7 +868,7 @@ def _validate(args: argparse.Namespace, workdir: Path) -> int:
     print("\n".join(format_table(rows, tolerance)))
     failing = [row for row in rows if not row.within(tolerance)]
     logs = {n: run.log for n, run in runs.items()}
-    problems = advice(potential, strategy, reach, failing, logs, tolerance)
+    problems = advice(potential, decision, reach, failing, logs, tolerance)
 
     md_checked = args.steps > 0 and len(ranks) > 1
     if args.steps:

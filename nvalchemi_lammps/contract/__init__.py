@@ -9,8 +9,10 @@ from ._comm import Comm, NoOpComm, with_adjoint
 from ._graph import LocalGraph
 from ._potential import Potential
 from ._spec import STRATEGIES, UNIT_STYLES, ModelSpec
+from ._strategy import REPORT_ENV, Strategy, resolve_strategy
 
 __all__ = [
+    "REPORT_ENV",
     "STRATEGIES",
     "UNIT_STYLES",
     "Comm",
@@ -18,5 +20,7 @@ __all__ = [
     "ModelSpec",
     "NoOpComm",
     "Potential",
+    "Strategy",
+    "resolve_strategy",
     "with_adjoint",
 ]

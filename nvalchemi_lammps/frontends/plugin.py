@@ -8,16 +8,19 @@ neighbor-list builds is copied to the model's device).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
 from .._elements import map_elements
 from .._model_file import ModelFileWarning, open_model
 from .._torch_blas import blas_library
+from ..contract import REPORT_ENV, resolve_strategy
 from ..engine import CompiledPotential, Evaluation, compile_potential, evaluate
 from ._lammps_comm import ExchangePlan, LammpsComm
 
@@ -50,8 +53,6 @@ class PluginSession:
         self.elements = list(spec.elements)
         self.layers = int(spec.layers)
         self.needs_positions = bool(spec.needs_positions)
-        self.strategy = "local"
-        self.uses_exchange = False
         self.set_strategy("auto")
         self.total_charge = 0.0
         self.spin: int | None = None
@@ -78,23 +79,17 @@ class PluginSession:
         )
 
     def set_strategy(self, strategy: str) -> None:
-        """How ghosts reach past one cutoff (``pair_style ... strategy exchange|shell|auto``).
-
-        A strictly local model (one layer) needs neither and ignores the choice.
-        """
-        supported = self.potential.spec.strategies
-        if self.layers == 1:
-            self.strategy = "local"
-        elif strategy == "auto":
-            self.strategy = supported[0]
-        elif strategy in supported:
-            self.strategy = strategy
-        else:
-            raise ValueError(
-                f"the {self.potential.name} model does not support strategy {strategy} "
-                f"(it supports: {', '.join(supported)})"
-            )
-        self.uses_exchange = self.strategy == "exchange"
+        """How ghosts reach past one cutoff (``pair_style ... strategy exchange|shell|auto``),
+        decided here once (:func:`~nvalchemi_lammps.contract.resolve_strategy`): the pair
+        style reads ``strategy`` back, and the decision is reported where
+        :data:`~nvalchemi_lammps.contract.REPORT_ENV` says."""
+        decision = resolve_strategy(self.potential.spec, strategy, self.potential.name)
+        self.strategy = decision.name
+        self.uses_exchange = decision.exchange
+        self.ghost_cutoff = decision.ghost_cutoff
+        folder = os.environ.get(REPORT_ENV)
+        if folder:
+            _write_json(Path(folder) / f"strategy-{os.getpid()}.json", decision.to_dict())
 
     def set_system_state(self, charge: float, spin: int, task: str) -> None:
         """The whole system's net charge, spin multiplicity and task (``pair_style ...
@@ -253,6 +248,13 @@ class PluginSession:
 def _energy(result: Evaluation) -> float:
     """The energy for the pair style, NaN when any energy or force is not finite."""
     return result.energy if result.finite else math.nan
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """``data`` to ``path`` whole or not at all (a reader never sees half a file)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(data))
+    partial.replace(path)
 
 
 def _blas_name() -> str:
