@@ -150,6 +150,7 @@ class PythonSession {
 
  private:
   void *session_;    // PyObject *, opaque here
+  void *step_type_;  // PyObject *: the Python side's StepRecord
   double cutoff_;
   int layers_;
   bool needs_positions_;

@@ -137,7 +137,9 @@ def _run_ranks(potential, system, graphs, charge=0.0, exchange=True):
         )
         with torch.no_grad():
             charges = potential.outputs(graph)["charges"].double().numpy()
-        return charges, evaluate(potential, g.nlocal, *inputs, comm, total_charge=charge)
+        return charges, evaluate(
+            potential, LocalGraph(g.nlocal, *inputs, comm, total_charge=charge)
+        )
 
     results = world.run(work)
     got = gather(

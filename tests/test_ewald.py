@@ -133,16 +133,18 @@ def test_every_rank_issues_the_same_collectives(nlocal):
     comm = _CountingComm()
     result = evaluate(
         potential,
-        nlocal,
-        torch.from_numpy(species[:nlocal]),
-        torch.zeros(0, dtype=torch.int64),
-        torch.zeros(0, dtype=torch.int64),
-        torch.zeros(0, 3, dtype=torch.float64),
-        comm,
-        positions=torch.from_numpy(positions[:nlocal]),
-        cell=torch.from_numpy(cell),
-        pbc=PBC,
-        charges=torch.from_numpy(charges[:nlocal]),
+        LocalGraph(
+            nlocal,
+            torch.from_numpy(species[:nlocal]),
+            torch.zeros(0, dtype=torch.int64),
+            torch.zeros(0, dtype=torch.int64),
+            torch.zeros(0, 3, dtype=torch.float64),
+            comm,
+            positions=torch.from_numpy(positions[:nlocal]),
+            cell=torch.from_numpy(cell),
+            pbc=PBC,
+            charges=torch.from_numpy(charges[:nlocal]),
+        ),
     )
     nvectors = comm.sizes[1][1]
     assert comm.sizes == [(5,), (2, nvectors)] and nvectors > 0

@@ -112,3 +112,41 @@ def test_python_driver_reuses_interpreter(argon_data, models, tmp_path):
         np.array([results[f"{tag}_{p}"] for p in PRESSURE]) for tag in ("plugin", "reference")
     )
     assert_all_close(f"python_driver/np{NPROCS}", pairs)
+
+
+MISMATCHED = textwrap.dedent(
+    """\
+    import sys
+
+    import lammps
+    import nvalchemi_lammps.frontends.plugin as frontend
+
+    # the Python side of another step protocol than the plugin's: another version's package
+    frontend.STEP_PROTOCOL = frontend.STEP_PROTOCOL + 1
+    lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
+    lmp.commands_string(f'''
+        units metal
+        atom_style atomic
+        read_data {sys.argv[1]}
+    ''')
+    lmp.command(f"pair_style nvalchemi {sys.argv[2]}")
+    print("LOADED", flush=True)
+    """
+)
+
+
+def test_mismatched_plugin_and_package_are_refused(argon_data, models, tmp_path):
+    """A plugin (.so) and a Python package that speak different step protocols stop the run
+    at ``pair_style``, on every rank, saying so, instead of misreading steps."""
+    (tmp_path / "mismatched.py").write_text(MISMATCHED)
+    mpirun = lammps_command(NPROCS)[:-1]
+    cmd = mpirun + [sys.executable, "mismatched.py", str(argon_data), str(models["argon"])]
+    run = run_command(cmd, tmp_path, timeout=300)
+    assert run.returncode != 0 and "LOADED" not in run.output, run.output[-3000:]
+    from nvalchemi_lammps.frontends.plugin import STEP_PROTOCOL
+
+    assert (
+        f"this pair style plugin speaks step protocol {STEP_PROTOCOL} and the installed "
+        f"nvalchemi_lammps Python package {STEP_PROTOCOL + 1}: the plugin and the package come "
+        "from different versions"
+    ) in run.output, run.output[-3000:]

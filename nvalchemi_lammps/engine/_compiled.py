@@ -18,6 +18,7 @@ derivatives), which call the step's real communication on the unpadded rows.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from typing import Any
@@ -173,20 +174,15 @@ class CompiledPotential(Potential):
         padding = graph.pair_i.new_full((pairs - npairs,), ntotal)
         far = graph.rij.new_zeros(pairs - npairs, 3)
         far[:, 0] = 2.0 * self.spec.cutoff + 1.0
-        padded = LocalGraph(
-            nlocal=graph.nlocal,
+        padded = dataclasses.replace(
+            graph,
             species=_padded(graph.species, atoms, -1),
             pair_i=torch.cat((graph.pair_i, padding)),
             pair_j=torch.cat((graph.pair_j, padding)),
             rij=torch.cat((graph.rij, far)),
             comm=self._comm,
             positions=None if graph.positions is None else _padded(graph.positions, atoms, 0),
-            cell=graph.cell,
-            pbc=graph.pbc,
             charges=None if graph.charges is None else _padded(graph.charges, atoms, 0),
-            total_charge=graph.total_charge,
-            spin=graph.spin,
-            task=graph.task,
         )
         _Active.comm, _Active.ntotal = graph.comm, ntotal
         with warnings.catch_warnings():

@@ -20,9 +20,12 @@ import torch
 from .._elements import map_elements
 from .._model_file import ModelFileWarning, open_model
 from .._torch_blas import blas_library
-from ..contract import REPORT_ENV, resolve_strategy
+from ..contract import REPORT_ENV, LocalGraph, resolve_strategy
 from ..engine import CompiledPotential, Evaluation, compile_potential, evaluate
 from ._lammps_comm import ExchangePlan, LammpsComm
+from ._step import STEP_PROTOCOL, StepRecord, StepResult
+
+__all__ = ["STEP_PROTOCOL", "PluginSession", "StepRecord", "StepResult", "open_session"]
 
 
 def _tensor(buffer: memoryview, dtype: torch.dtype, *shape: int) -> torch.Tensor:
@@ -133,45 +136,23 @@ class PluginSession:
     def map_types(self, names: list[str]) -> list[int]:
         return map_elements(names, self.potential.spec.elements)
 
-    def compute(
-        self,
-        nlocal: int,
-        positions: memoryview,
-        topology: tuple | None,
-        pairs: tuple,
-        filtered: bool,
-        want_pairs: bool,
-        atom_energies_out: memoryview,
-        atom_forces_out: memoryview,
-        collectives: object,
-        system: tuple | None = None,
-        virial_out: memoryview | None = None,
-    ) -> tuple[float, int, bool]:
-        """One step on one rank (see ``PythonSession::Step`` in python_bridge.h).
-
-        ``topology`` = ``(species, plan or None, npairs)`` when LAMMPS rebuilt its list (on
-        the host: every step), else ``None``, with the exchange plan ``(owner, send_rows,
-        nrecv, remote)`` (see :class:`ExchangePlan`); ``pairs`` = ``(pair_i, pair_j, rij,
-        pair_forces)`` slots; ``system`` = ``(charges or None, cell, (px, py, pz))`` only
-        for a model that ``needs_positions``. Returns the energy (NaN when any energy or
-        force is not finite: the pair style then finds the atoms), how many pairs were
-        written back into the slots and whether ``atom_forces_out`` was written.
-        """
-        ntotal = positions.nbytes // 24
-        pair_i_out, pair_j_out, rij_out, pair_forces_out = pairs
+    def compute(self, step: StepRecord) -> StepResult:
+        """One step on one rank: the pair style's :class:`StepRecord` in, the energy and
+        what was written back out."""
+        nlocal, ntotal, filtered = step.nlocal, step.ntotal, step.filtered
+        pair_i_out, pair_j_out, rij_out = step.pair_i, step.pair_j, step.rij
         phase = _Phases(self.device, self.timings)
-        if topology is not None:
-            species, plan, npairs = topology
-            self._species = self._stage.upload(_tensor(species, torch.int64, ntotal))
+        if step.species is not None:
+            npairs = step.npairs
+            self._species = self._stage.upload(_tensor(step.species, torch.int64, ntotal))
             self._plan = None
-            if plan is not None:
-                owner, send_rows, nrecv, remote = plan
+            if step.owner is not None:
                 self._plan = ExchangePlan(
                     nlocal,
-                    self._stage.upload(_tensor(owner, torch.int64, ntotal)),
-                    self._stage.upload(_tensor(send_rows, torch.int64, send_rows.nbytes // 8)),
-                    nrecv,
-                    remote,
+                    self._stage.upload(_tensor(step.owner, torch.int64, ntotal)),
+                    self._stage.upload(_tensor(step.send_rows, torch.int64, step.nsend)),
+                    step.nrecv,
+                    step.remote,
                 )
             if filtered:  # this step's pairs, not kept
                 self._pair_i = _tensor(pair_i_out, torch.int64, npairs)
@@ -183,7 +164,7 @@ class PluginSession:
         if self._species is None or self._species.shape[0] != ntotal:
             raise RuntimeError("the pair style sent positions without a topology")
         phase("topology")
-        x = self._stage.upload(_tensor(positions, torch.float64, ntotal, 3), "positions")
+        x = self._stage.upload(_tensor(step.positions, torch.float64, ntotal, 3), "positions")
         phase("positions")
         pair_i, pair_j = self._pair_i, self._pair_j
         if filtered:
@@ -192,45 +173,47 @@ class PluginSession:
             pair_i, pair_j, rij = _within_cutoff(x, pair_i, pair_j, self.cutoff)
         phase("filter")
         inputs = {}
-        if system is not None:
-            charges, cell, pbc = system
+        if step.cell is not None:
+            charges = step.charges
             inputs = {
                 "positions": x,
                 "charges": None
                 if charges is None
                 else self._stage.upload(_tensor(charges, torch.float64, ntotal), "charges"),
-                "cell": _tensor(cell, torch.float64, 3, 3),
-                "pbc": tuple(bool(p) for p in pbc),
+                "cell": _tensor(step.cell, torch.float64, 3, 3),
+                "pbc": tuple(bool(p) for p in step.periodic),
             }
-        result = evaluate(
-            self.potential,
+        graph = LocalGraph(
             nlocal,
             self._species,
             pair_i,
             pair_j,
             rij,
-            LammpsComm(collectives, self.uses_exchange, plan=self._plan, buffer=self._stage.buffer),
+            LammpsComm(
+                step.collectives, self.uses_exchange, plan=self._plan, buffer=self._stage.buffer
+            ),
             total_charge=self.total_charge,
             spin=self.spin,
             task=self.task,
             **inputs,
         )
+        result = evaluate(self.potential, graph)
         phase("model")
         self._stage.download(
-            result.atom_energies, _tensor(atom_energies_out, torch.float64, nlocal)
+            result.atom_energies, _tensor(step.atom_energies, torch.float64, nlocal)
         )
-        if system is not None:
-            _tensor(virial_out, torch.float64, 6).copy_(result.virial)
+        if step.cell is not None:
+            _tensor(step.virial, torch.float64, 6).copy_(result.virial)
         npairs = int(pair_i.shape[0])
-        if filtered or want_pairs:
+        if filtered or step.want_pairs:
             if not filtered:
                 _tensor(pair_i_out, torch.int64, npairs).copy_(pair_i)
                 _tensor(pair_j_out, torch.int64, npairs).copy_(pair_j)
                 _tensor(rij_out, torch.float64, npairs, 3).copy_(rij)
-            forces = _tensor(pair_forces_out, torch.float64, npairs, 3)
+            forces = _tensor(step.pair_forces, torch.float64, npairs, 3)
             self._stage.download(result.pair_forces, forces)
             if result.atom_forces is None:
-                return _energy(result), npairs, False
+                return StepResult(_energy(result), npairs, False)
             atom_forces = result.atom_forces
         else:
             # one row per atom instead of one per pair crosses back to the host
@@ -240,9 +223,9 @@ class PluginSession:
             if result.atom_forces is not None:
                 atom_forces += result.atom_forces
             npairs = 0
-        self._stage.download(atom_forces, _tensor(atom_forces_out, torch.float64, ntotal, 3))
+        self._stage.download(atom_forces, _tensor(step.atom_forces, torch.float64, ntotal, 3))
         phase("forces")
-        return _energy(result), npairs, True
+        return StepResult(_energy(result), npairs, True)
 
 
 def _energy(result: Evaluation) -> float:
