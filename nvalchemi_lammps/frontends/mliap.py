@@ -19,9 +19,8 @@ from typing import Any
 import torch
 
 from .._model_file import PickledRecord, load_model, model_record, potential_from_record
-from ..contract import Comm, LocalGraph, with_adjoint
+from ..contract import Comm, LocalGraph, Potential, with_adjoint
 from ..engine import Evaluation, evaluate, potential_device
-from ..potentials import Potential
 
 #: ML-IAP lists pairs closer than ``2 * rcutfac``: ``MLIAPDummyDescriptor::init``
 #: (src/ML-IAP/mliap_unified.cpp, and src/KOKKOS/mliap_unified_kokkos.cpp) sets every element

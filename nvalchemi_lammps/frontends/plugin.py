@@ -13,6 +13,7 @@ import math
 import os
 import time
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
@@ -25,7 +26,16 @@ from ..engine import CompiledPotential, Evaluation, compile_potential, evaluate
 from ._lammps_comm import ExchangePlan, LammpsComm
 from ._step import STEP_PROTOCOL, StepRecord, StepResult
 
-__all__ = ["STEP_PROTOCOL", "PluginSession", "StepRecord", "StepResult", "open_session"]
+# LammpsComm: the plugin's collectives, for tests that simulate ranks in one process
+__all__ = [
+    "STEP_PROTOCOL",
+    "LammpsComm",
+    "PluginSession",
+    "StepRecord",
+    "StepResult",
+    "open_session",
+    "opened_sessions",
+]
 
 
 def _tensor(buffer: memoryview, dtype: torch.dtype, *shape: int) -> torch.Tensor:
@@ -67,7 +77,10 @@ class PluginSession:
         self._species: torch.Tensor | None = None
         self._plan: ExchangePlan | None = None
         self._pair_i = self._pair_j = torch.empty(0, dtype=torch.int64)
-        # seconds per phase of compute, CUDA-synchronized, when a benchmark sets a dict
+        #: Seconds per phase of :meth:`compute` (``topology``, ``positions``, ``filter``,
+        #: ``model``, ``forces``; CUDA-synchronized at each mark) and inside collectives
+        #: (``collectives``, part of ``model``), added up while a benchmark sets a dict here:
+        #: the public timing hook (:func:`opened_sessions` finds the session).
         self.timings: dict[str, float] | None = None
         # LAMMPS's own thread count per rank (OMP_NUM_THREADS / -pk omp); torch's default
         # of one thread per core oversubscribes the cores shared by several ranks.
@@ -190,7 +203,11 @@ class PluginSession:
             pair_j,
             rij,
             LammpsComm(
-                step.collectives, self.uses_exchange, plan=self._plan, buffer=self._stage.buffer
+                step.collectives,
+                self.uses_exchange,
+                plan=self._plan,
+                buffer=self._stage.buffer,
+                timings=self.timings,
             ),
             total_charge=self.total_charge,
             spin=self.spin,
@@ -345,7 +362,20 @@ def _select_device(device: str, local_rank: int) -> torch.device:
     return torch.device(device)
 
 
+_OPENED: list[weakref.ref[PluginSession]] = []
+
+
 def open_session(
     path: str, num_threads: int, device: str = "cpu", local_rank: int = 0
 ) -> PluginSession:
-    return PluginSession(path, num_threads, device, local_rank)
+    """The pair style's entry point: one session per ``pair_style nvalchemi`` command."""
+    session = PluginSession(path, num_threads, device, local_rank)
+    _OPENED.append(weakref.ref(session))
+    return session
+
+
+def opened_sessions() -> list[PluginSession]:
+    """The sessions the pair style opened in this process and still holds, oldest first:
+    for tools that drive LAMMPS in this interpreter and read a session's :attr:`timings
+    <PluginSession.timings>` or :meth:`~PluginSession.compile_status`."""
+    return [s for s in (ref() for ref in _OPENED) if s is not None]
