@@ -31,7 +31,7 @@ from _systems import (
 )
 
 from nvalchemi_lammps import LocalGraph, evaluate, load_model, save_model
-from nvalchemi_lammps.frontends._lammps_comm import LammpsComm
+from nvalchemi_lammps.frontends.plugin import LammpsComm
 from nvalchemi_lammps.potentials import mace as mace_module
 from nvalchemi_lammps.potentials.mace import Mace
 from nvalchemi_lammps.reference import evaluate_reference

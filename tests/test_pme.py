@@ -11,7 +11,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from test_ewald import (
+from _ionic_systems import (
     PBC,
     SLAB_PBC,
     rock_salt,

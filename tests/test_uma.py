@@ -31,7 +31,7 @@ from _uma_models import (
 
 from nvalchemi_lammps import LocalGraph, evaluate, load_model, save_model
 from nvalchemi_lammps.cli import main
-from nvalchemi_lammps.frontends._lammps_comm import LammpsComm
+from nvalchemi_lammps.frontends.plugin import LammpsComm
 from nvalchemi_lammps.potentials import uma as uma_module
 from nvalchemi_lammps.potentials.uma import Uma
 from nvalchemi_lammps.reference import evaluate_reference
