@@ -1,5 +1,5 @@
 """The terms and the system the pipeline tests share (tests/test_pipeline.py and
-tests/test_lammps_pipeline.py)."""
+tests/test_lammps_pipeline_lj_mp_ewald.py)."""
 
 from __future__ import annotations
 
