@@ -11,8 +11,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from nvalchemi_lammps import LennardJones
+from nvalchemi_lammps import LennardJones, LocalGraph
 from nvalchemi_lammps.reference import neighbor_pairs
 
 ARGON = {"epsilon": 0.0104, "sigma": 3.40}
@@ -160,6 +161,20 @@ class RankGraph:
     @property
     def ntotal(self) -> int:
         return int(self.species.shape[0])
+
+    def local_graph(self, comm=None, **fields) -> LocalGraph:
+        """This rank's arrays as the contract's graph (torch views, no copies); ``fields``:
+        the graph's other fields (positions, total_charge, ...)."""
+        if comm is not None:
+            fields["comm"] = comm
+        return LocalGraph(
+            self.nlocal,
+            torch.from_numpy(self.species),
+            torch.from_numpy(self.pair_i),
+            torch.from_numpy(self.pair_j),
+            torch.from_numpy(self.rij),
+            **fields,
+        )
 
 
 def _slabs(system: System, nslabs: int) -> np.ndarray:

@@ -52,13 +52,7 @@ def _run_ranks(potential, system: System, nranks: int, nslabs: int | None = None
     for g in graphs:
         result = evaluate(
             potential,
-            LocalGraph(
-                g.nlocal,
-                torch.from_numpy(g.species),
-                torch.from_numpy(g.pair_i),
-                torch.from_numpy(g.pair_j),
-                torch.from_numpy(g.rij),
-            ),
+            g.local_graph(),
         )
         assert result.atom_energies.shape == (g.nlocal,)
         assert result.pair_forces.shape == (len(g.pair_i), 3)
@@ -122,13 +116,7 @@ def test_ghost_rows_carry_forces():
     g = graphs[0]
     result = evaluate(
         potential,
-        LocalGraph(
-            g.nlocal,
-            torch.from_numpy(g.species),
-            torch.from_numpy(g.pair_i),
-            torch.from_numpy(g.pair_j),
-            torch.from_numpy(g.rij),
-        ),
+        g.local_graph(),
     )
     fij = result.pair_forces.numpy()
     local = np.zeros((g.ntotal, 3))
