@@ -59,3 +59,37 @@ def slab_energy(positions, cell, charges, slab: float) -> float:
     total = q.sum()
     moments = (q @ z) ** 2 - total * (q @ z**2) - total**2 * height**2 / 12.0
     return QQR2E["metal"] * 2.0 * np.pi / volume * moments
+
+
+def allreduce_sizes(potential, nlocal: int) -> tuple[list[tuple[int, ...]], object]:
+    """Evaluate ``potential`` on the first ``nlocal`` ions of one rock-salt cell as a rank
+    without pairs would, recording the shape of every all-reduce it issues: (shapes, the
+    evaluation)."""
+    import torch
+
+    from nvalchemi_lammps import LocalGraph, NoOpComm
+    from nvalchemi_lammps.engine import evaluate
+
+    class Counting(NoOpComm):
+        def __init__(self) -> None:
+            self.sizes: list[tuple[int, ...]] = []
+
+        def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+            self.sizes.append(tuple(x.shape))
+            return x
+
+    positions, cell, species, charges = rock_salt(1)
+    comm = Counting()
+    graph = LocalGraph(
+        nlocal,
+        torch.from_numpy(species[:nlocal]),
+        torch.zeros(0, dtype=torch.int64),
+        torch.zeros(0, dtype=torch.int64),
+        torch.zeros(0, 3, dtype=torch.float64),
+        comm,
+        positions=torch.from_numpy(positions[:nlocal]),
+        cell=torch.from_numpy(cell),
+        pbc=PBC,
+        charges=torch.from_numpy(charges[:nlocal]),
+    )
+    return comm.sizes, evaluate(potential, graph)

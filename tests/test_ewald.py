@@ -14,14 +14,14 @@ from _ionic_systems import (
     MADELUNG,
     PBC,
     SLAB_PBC,
+    allreduce_sizes,
     rock_salt,
     slab_energy,
     slab_system,
     small_triclinic,
 )
 
-from nvalchemi_lammps import Ewald, LocalGraph, NoOpComm
-from nvalchemi_lammps.engine import evaluate
+from nvalchemi_lammps import Ewald, LocalGraph
 from nvalchemi_lammps.potentials.ewald import QQR2E
 from nvalchemi_lammps.reference import evaluate_reference, neighbor_pairs
 
@@ -97,38 +97,13 @@ def test_fixed_element_charges_equal_per_atom_charges():
     np.testing.assert_array_equal(a.forces, b.forces)
 
 
-class _CountingComm(NoOpComm):
-    def __init__(self) -> None:
-        self.sizes: list[tuple[int, ...]] = []
-
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
-        self.sizes.append(tuple(x.shape))
-        return x
-
-
 @pytest.mark.parametrize("nlocal", [0, 8])
 def test_every_rank_issues_the_same_collectives(nlocal):
     """A rank with no atoms issues the same collectives, of the same sizes, as any other."""
-    positions, cell, species, charges = rock_salt(1)
     potential = Ewald(["Na", "Cl"], cutoff=5.0, alpha=0.5, kmax=4)
-    comm = _CountingComm()
-    result = evaluate(
-        potential,
-        LocalGraph(
-            nlocal,
-            torch.from_numpy(species[:nlocal]),
-            torch.zeros(0, dtype=torch.int64),
-            torch.zeros(0, dtype=torch.int64),
-            torch.zeros(0, 3, dtype=torch.float64),
-            comm,
-            positions=torch.from_numpy(positions[:nlocal]),
-            cell=torch.from_numpy(cell),
-            pbc=PBC,
-            charges=torch.from_numpy(charges[:nlocal]),
-        ),
-    )
-    nvectors = comm.sizes[1][1]
-    assert comm.sizes == [(5,), (2, nvectors)] and nvectors > 0
+    sizes, result = allreduce_sizes(potential, nlocal)
+    nvectors = sizes[1][1]
+    assert sizes == [(5,), (2, nvectors)] and nvectors > 0
     assert result.atom_forces.shape == (nlocal, 3)
 
 
