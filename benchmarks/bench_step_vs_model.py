@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from bench_lj import machine, parse_timing
 
-from nvalchemi_lammps import evaluate, save_model
+from nvalchemi_lammps import LocalGraph, evaluate, save_model
 from nvalchemi_lammps.cli.export import default_config_text, potential_from_config
 from nvalchemi_lammps.lammps_run import run_lammps, write_lammps_data
 from nvalchemi_lammps.reference import neighbor_pairs
@@ -128,7 +128,7 @@ def direct_ms(potential, system, threads: int, device: str, calls: int) -> float
     samples = []
     for k in range(calls + 1):  # the first call warms up
         start = time.perf_counter()
-        evaluate(potential, n, *args)
+        evaluate(potential, LocalGraph(n, *args))
         if device != "cpu":
             torch.cuda.synchronize()
         if k:

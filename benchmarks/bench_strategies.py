@@ -105,17 +105,17 @@ def worker(args: argparse.Namespace) -> None:
 
         return wrapper
 
-    def timed_evaluate(potential, nlocal, species, pair_i, pair_j, rij, *a, **k):
+    def timed_evaluate(potential, graph):
         sync()
         if cuda:
             # the bare model's memory on this graph: its inputs plus what it adds at peak
             before = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-            graph = (species, pair_i, pair_j, rij, k.get("positions"))
-            memory["inputs"] = sum(t.nbytes for t in graph if t is not None)
+            inputs = (graph.species, graph.pair_i, graph.pair_j, graph.rij, graph.positions)
+            memory["inputs"] = sum(t.nbytes for t in inputs if t is not None)
         start = time.perf_counter()
         try:
-            return evaluate(potential, nlocal, species, pair_i, pair_j, rij, *a, **k)
+            return evaluate(potential, graph)
         finally:
             sync()
             if setup[0]:  # the force call of the run's setup: not a step of its loop

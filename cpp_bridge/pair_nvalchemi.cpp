@@ -560,7 +560,7 @@ void PairNvalchemi::settings(int narg, char **arg)
   compiled_before = 0;
   cutoff = session->cutoff();
   layers = session->layers();
-  shell = (layers > 1 && !session->uses_exchange()) ? 1 : 0;
+  shell = session->strategy() == "shell" ? 1 : 0;
   ghostneigh = shell;
   if (comm->me == 0) {
     utils::logmesg(lmp, "pair_style nvalchemi: {} from {}\n", session->description(), model_path);
@@ -748,9 +748,10 @@ void PairNvalchemi::init_style()
 double PairNvalchemi::init_one(int i, int j)
 {
   if (!shell) return cutoff;
-  // ghosts reach layers x cutoff deep; only pairs within the cutoff are used
+  // ghosts reach layers x cutoff deep (the session's decision); only pairs within the
+  // cutoff are used
   cutghost[i][j] = cutghost[j][i] = cutoff;
-  return layers * cutoff;
+  return session->ghost_cutoff();
 }
 
 /* ----------------------------------------------------------------------

@@ -20,6 +20,19 @@ namespace {
 
 constexpr const char *FRONTEND_MODULE = "nvalchemi_lammps.frontends.plugin";
 constexpr const char *TORCH_BLAS_MODULE = "nvalchemi_lammps._torch_blas";
+// The step record's version (STEP_PROTOCOL in nvalchemi_lammps/frontends/_step.py): bumped
+// on both sides with every change of its fields
+constexpr long STEP_PROTOCOL = 2;
+
+std::string fmt_protocol_mismatch(long python_protocol)
+{
+  return "this pair style plugin speaks step protocol " + std::to_string(STEP_PROTOCOL) +
+      " and the installed nvalchemi_lammps Python package " +
+      (python_protocol < 0 ? std::string("none") : std::to_string(python_protocol)) +
+      ": the plugin and the package come from different versions; reinstall the package "
+      "(pip install --no-build-isolation nvalchemi-lammps, or make setup) and load the "
+      "plugin it installs (nvalchemi-lammps info shows its path)";
+}
 constexpr const char *PYTHON_ENV_VAR = "NVALCHEMI_LAMMPS_PYTHON";
 
 class GilLock {
@@ -312,7 +325,7 @@ PyObject *collectives_type()
 
 PythonSession::PythonSession(const std::string &model_path, int num_threads,
                              const std::string &device, int local_rank) :
-    session_(nullptr), cutoff_(0.0), layers_(1), needs_positions_(false), uses_exchange_(false),
+    session_(nullptr), cutoff_(0.0), layers_(1), needs_positions_(false), strategy_("local"), ghost_cutoff_(0.0), step_type_(nullptr),
     on_device_(false), digest_verified_(false)
 {
   start_python();
@@ -324,6 +337,14 @@ PythonSession::PythonSession(const std::string &model_path, int num_threads,
   if (!loaded) raise_python_error("");
   PyRef module(PyImport_ImportModule(FRONTEND_MODULE));
   if (!module) raise_python_error("cannot import nvalchemi_lammps: ");
+  // the plugin and the package must speak the same step record: refuse a mismatched pair
+  PyRef protocol(PyObject_GetAttrString(module.get(), "STEP_PROTOCOL"));
+  const long python_protocol = protocol ? PyLong_AsLong(protocol.get()) : -1;
+  PyErr_Clear();
+  if (python_protocol != STEP_PROTOCOL)
+    throw PythonError(fmt_protocol_mismatch(python_protocol));
+  PyRef step_type(PyObject_GetAttrString(module.get(), "StepRecord"));
+  if (!step_type) raise_python_error("");
   PyRef session(PyObject_CallMethod(module.get(), "open_session", "sisi", model_path.c_str(),
                                     num_threads, device.c_str(), local_rank));
   if (!session) raise_python_error("");
@@ -356,6 +377,8 @@ PythonSession::PythonSession(const std::string &model_path, int num_threads,
 
   Py_INCREF(session.get());
   session_ = session.get();
+  Py_INCREF(step_type.get());
+  step_type_ = step_type.get();
 }
 
 /* ---------------------------------------------------------------------- */
@@ -365,6 +388,7 @@ PythonSession::~PythonSession()
   if (!session_ || !Py_IsInitialized()) return;
   GilLock gil;
   Py_DECREF(static_cast<PyObject *>(session_));
+  Py_XDECREF(static_cast<PyObject *>(step_type_));
 }
 
 /* ---------------------------------------------------------------------- */
@@ -375,9 +399,15 @@ void PythonSession::set_strategy(const std::string &strategy)
   PyObject *session = static_cast<PyObject *>(session_);
   PyRef done(PyObject_CallMethod(session, "set_strategy", "s", strategy.c_str()));
   if (!done) raise_python_error("");
-  PyRef uses_exchange(PyObject_GetAttrString(session, "uses_exchange"));
-  if (!uses_exchange) raise_python_error("");
-  uses_exchange_ = PyObject_IsTrue(uses_exchange.get()) == 1;
+  // the decision is Python's (contract.resolve_strategy); the pair style only reads it
+  PyRef name(PyObject_GetAttrString(session, "strategy"));
+  const char *text = name ? PyUnicode_AsUTF8(name.get()) : nullptr;
+  if (!text) raise_python_error("");
+  strategy_ = text;
+  PyRef ghost(PyObject_GetAttrString(session, "ghost_cutoff"));
+  if (!ghost) raise_python_error("");
+  ghost_cutoff_ = PyFloat_AsDouble(ghost.get());
+  if (PyErr_Occurred()) raise_python_error("");
 }
 
 /* ---------------------------------------------------------------------- */
@@ -466,65 +496,71 @@ void PythonSession::compute(const Step &step, Result &result, Collectives *colle
   if (!positions || !pair_i || !pair_j || !rij || !pair_forces || !energies || !atom_forces)
     raise_python_error("");
 
-  // (species, plan or None, npairs), or None: unchanged; plan = (owner, send_rows, nrecv,
-  // remote)
-  PyRef topology;
-  if (step.new_topology) {
-    PyRef species(writable_view(step.species, sizeof(int64_t) * n));
-    PyRef plan;
-    if (step.owner) {
-      PyRef owner(writable_view(step.owner, sizeof(int64_t) * n));
-      PyRef send_rows(writable_view(step.send_rows, sizeof(int64_t) * step.nsend));
-      if (!owner || !send_rows) raise_python_error("");
-      plan.reset(Py_BuildValue("(OOiN)", owner.get(), send_rows.get(), step.nrecv,
-                               PyBool_FromLong(step.remote)));
-    } else {
-      Py_INCREF(Py_None);
-      plan.reset(Py_None);
-    }
-    if (!species || !plan) raise_python_error("");
-    topology.reset(Py_BuildValue("(OOn)", species.get(), plan.get(),
-                                 static_cast<Py_ssize_t>(step.npairs)));
-  } else {
+  // the step record (frontends/_step.py, StepRecord), field by field, by name
+  PyRef fields(PyDict_New());
+  if (!fields) raise_python_error("");
+  auto put = [&](const char *name, PyObject *value) {
+    PyRef owned(value);    // a new reference, or nullptr after a Python error
+    if (!owned || PyDict_SetItemString(fields.get(), name, owned.get()) != 0)
+      raise_python_error("");
+  };
+  auto none = []() {
     Py_INCREF(Py_None);
-    topology.reset(Py_None);
-  }
-  if (!topology) raise_python_error("");
-
-  // (charges or None, cell, periodic) and the virial out, for needs_positions()
-  PyRef system, virial;
+    return Py_None;
+  };
+  auto view_or_none = [&](const void *data, size_t nbytes) {
+    return data ? writable_view(data, nbytes) : none();
+  };
+  put("nlocal", PyLong_FromLong(step.nlocal));
+  put("ntotal", PyLong_FromLong(step.ntotal));
+  Py_INCREF(positions.get());
+  put("positions", positions.get());
+  const bool plan = step.new_topology && step.owner;
+  put("species", step.new_topology ? writable_view(step.species, sizeof(int64_t) * n) : none());
+  put("owner", plan ? writable_view(step.owner, sizeof(int64_t) * n) : none());
+  put("send_rows", plan ? writable_view(step.send_rows, sizeof(int64_t) * step.nsend) : none());
+  put("nsend", PyLong_FromLong(plan ? step.nsend : 0));
+  put("nrecv", PyLong_FromLong(plan ? step.nrecv : 0));
+  put("remote", PyBool_FromLong(plan && step.remote));
+  put("npairs", PyLong_FromLong(step.npairs));
+  put("filtered", PyBool_FromLong(step.filtered));
+  put("capacity", PyLong_FromLong(step.capacity));
+  for (PyObject *view : {pair_i.get(), pair_j.get(), rij.get(), pair_forces.get(), energies.get(),
+                         atom_forces.get(), comm.get()})
+    Py_INCREF(view);
+  put("pair_i", pair_i.get());
+  put("pair_j", pair_j.get());
+  put("rij", rij.get());
+  put("pair_forces", pair_forces.get());
+  put("want_pairs", PyBool_FromLong(step.want_pairs));
+  put("atom_energies", energies.get());
+  put("atom_forces", atom_forces.get());
+  put("collectives", comm.get());
+  // what a model with needs_positions() reads besides the pairs, and its virial out
   if (needs_positions_) {
-    PyRef charges(step.charges ? writable_view(step.charges, sizeof(double) * n)
-                               : (Py_INCREF(Py_None), Py_None));
-    PyRef cell(writable_view(step.cell, sizeof(double) * 9));
-    virial.reset(writable_view(result.virial, sizeof(double) * 6));
-    if (!charges || !cell || !virial) raise_python_error("");
-    system.reset(Py_BuildValue("(OO(iii))", charges.get(), cell.get(), step.periodic[0],
-                               step.periodic[1], step.periodic[2]));
-    if (!system) raise_python_error("");
-  } else {
-    Py_INCREF(Py_None);
-    system.reset(Py_None);
-    Py_INCREF(Py_None);
-    virial.reset(Py_None);
+    put("charges", view_or_none(step.charges, sizeof(double) * n));
+    put("cell", writable_view(step.cell, sizeof(double) * 9));
+    put("periodic", Py_BuildValue("(NNN)", PyBool_FromLong(step.periodic[0]),
+                                  PyBool_FromLong(step.periodic[1]),
+                                  PyBool_FromLong(step.periodic[2])));
+    put("virial", writable_view(result.virial, sizeof(double) * 6));
   }
-
-  PyRef pairs(Py_BuildValue("(OOOO)", pair_i.get(), pair_j.get(), rij.get(), pair_forces.get()));
-  if (!pairs) raise_python_error("");
-  PyRef out(PyObject_CallMethod(static_cast<PyObject *>(session_), "compute", "nOOOiiOOOOO",
-                                static_cast<Py_ssize_t>(step.nlocal), positions.get(),
-                                topology.get(), pairs.get(), step.filtered ? 1 : 0,
-                                step.want_pairs ? 1 : 0, energies.get(), atom_forces.get(),
-                                comm.get(), system.get(), virial.get()));
+  PyRef args(PyTuple_New(0));
+  if (!args) raise_python_error("");
+  PyRef record(PyObject_Call(static_cast<PyObject *>(step_type_), args.get(), fields.get()));
+  if (!record) raise_python_error("the step record: ");
+  PyRef out(PyObject_CallMethod(static_cast<PyObject *>(session_), "compute", "O", record.get()));
   if (!out) raise_python_error("");
-  double energy = 0.0;
-  Py_ssize_t npairs = 0;
-  int written = 0;
-  if (!PyArg_ParseTuple(out.get(), "dnp", &energy, &npairs, &written))
-    raise_python_error("compute must return (energy, npairs, atom forces written): ");
-  if (npairs < 0 || npairs > step.capacity)
+  PyRef energy(PyObject_GetAttrString(out.get(), "energy"));
+  PyRef npairs(PyObject_GetAttrString(out.get(), "npairs"));
+  PyRef written(PyObject_GetAttrString(out.get(), "atom_forces_written"));
+  if (!energy || !npairs || !written)
+    raise_python_error("compute must return a StepResult (energy, npairs, atom_forces_written): ");
+  result.energy = PyFloat_AsDouble(energy.get());
+  const long back = PyLong_AsLong(npairs.get());
+  if (PyErr_Occurred()) raise_python_error("");
+  if (back < 0 || back > step.capacity)
     throw PythonError("compute returned more pairs than there are slots");
-  result.energy = energy;
-  result.npairs = static_cast<int>(npairs);
-  result.atom_forces_written = written != 0;
+  result.npairs = static_cast<int>(back);
+  result.atom_forces_written = PyObject_IsTrue(written.get()) == 1;
 }

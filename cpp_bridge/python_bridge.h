@@ -69,7 +69,11 @@ class PythonSession {
   int layers() const { return layers_; }
   // the model also reads positions, charges and the cell (non-pairwise terms)
   bool needs_positions() const { return needs_positions_; }
-  bool uses_exchange() const { return uses_exchange_; }
+  // the strategy the session decided (set_strategy): "local", "exchange" or "shell", and
+  // the ghost shell it needs
+  const std::string &strategy() const { return strategy_; }
+  bool uses_exchange() const { return strategy_ == "exchange"; }
+  double ghost_cutoff() const { return ghost_cutoff_; }
   const std::string &units() const { return units_; }
   const std::string &description() const { return description_; }
   // "sha256:..." of the model's contents, and whether the file carried it (verified at
@@ -146,10 +150,12 @@ class PythonSession {
 
  private:
   void *session_;    // PyObject *, opaque here
+  void *step_type_;  // PyObject *: the Python side's StepRecord
   double cutoff_;
   int layers_;
   bool needs_positions_;
-  bool uses_exchange_;
+  std::string strategy_;
+  double ghost_cutoff_;
   bool on_device_;
   std::string units_;
   std::string description_;

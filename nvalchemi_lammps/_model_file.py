@@ -1,19 +1,23 @@
 """The model file: one versioned torch archive for both front doors.
 
-``torch.save`` of a :class:`~nvalchemi_lammps.frontends.mliap.MLIAPModel`, which pickles as
-the single call ``MLIAPModel(record)``. The record is plain data: format name and version,
-the potential's registered name, its spec and constructor arguments, and its tensors (CPU).
-Two readers see the same bytes:
+A pickle of the single call :func:`mliap_model` ``(record)``. The record is plain data:
+format name and version, the potential's registered name, its spec and constructor
+arguments, and its tensors (CPU). Two readers see the same bytes:
 
 - :func:`load_model` (``pair_style nvalchemi``, the tools) reads with
   ``torch.load(weights_only=True)`` and exactly one global allowed: the name
-  ``nvalchemi_lammps.frontends.mliap.MLIAPModel``, bound to a function that hands back its
+  ``nvalchemi_lammps._model_file.mliap_model``, bound to a function that hands back its
   argument unchanged. Loading never runs code from the file; the record is then checked
   here and the potential's class is looked up by name among the installed potentials.
 - LAMMPS's ML-IAP (``pair_style mliap unified model.pt 0``) reads with
-  ``torch.load(weights_only=False)``, which calls ``MLIAPModel(record)``: the same checks
+  ``torch.load(weights_only=False)``, which calls :func:`mliap_model`: the same checks
   (:func:`potential_from_record`), then a ready ML-IAP model. That trusts the file, as any
   ML-IAP model file must be trusted.
+
+The global is this module's own function, not a front door's class: the ML-IAP door may be
+renamed or moved without breaking a saved file, and this module imports no front door.
+Version-2 files name the ML-IAP door's class (``nvalchemi_lammps.frontends.mliap.MLIAPModel``)
+and are still read, by both readers.
 
 The record carries a digest of everything else in it (``"digest"``: SHA-256 of a canonical
 encoding of the other entries, tensors by dtype, shape and bytes), written by
@@ -31,6 +35,7 @@ import struct
 import warnings
 import zipfile
 from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +44,17 @@ import torch
 from .potentials import Potential, potential_class
 
 FORMAT = "nvalchemi-lammps-model"
-#: Bumped when the layout of the file changes incompatibly (2: the record is wrapped in a
-#: call of the ML-IAP model class; 1 was the bare record).
-FORMAT_VERSION = 2
+#: Bumped when the layout of the file changes incompatibly (3: the record is wrapped in a
+#: call of :func:`mliap_model`; 2: of the ML-IAP door's class; 1 was the bare record).
+FORMAT_VERSION = 3
+#: Versions this reader accepts: 2 differs from 3 only in the global it names.
+READABLE_VERSIONS = (2, FORMAT_VERSION)
 #: The one global a model file names: what LAMMPS's ML-IAP unpickles it into.
-MLIAP_MODEL_GLOBAL = "nvalchemi_lammps.frontends.mliap.MLIAPModel"
+MLIAP_MODEL_GLOBAL = "nvalchemi_lammps._model_file.mliap_model"
+#: The global of version-2 files (the ML-IAP door's class, which still takes a record).
+MLIAP_MODEL_GLOBAL_V2 = "nvalchemi_lammps.frontends.mliap.MLIAPModel"
+#: The ML-IAP front door, imported by name only when LAMMPS's ML-IAP unpickles a file.
+MLIAP_DOOR = "nvalchemi_lammps.frontends.mliap"
 
 
 #: Every entry of a record (``"digest"`` is absent from files written before it).
@@ -149,7 +160,7 @@ def _checked(record: object, path: str | os.PathLike | None) -> LoadedModel:
             f"nvalchemi-lammps writes an integer, now {FORMAT_VERSION}: the file is damaged or "
             f"was not written by nvalchemi-lammps; {REEXPORT}"
         )
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         advice = (
             "upgrade nvalchemi-lammps"
             if version is not None and version > FORMAT_VERSION
@@ -200,18 +211,37 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def mliap_model(record: object) -> Any:
+    """What a model file unpickles into under ``torch.load(weights_only=False)`` (LAMMPS's
+    ML-IAP): the ML-IAP model of ``record``, checked like :func:`load_model` checks it.
+
+    The ML-IAP door is imported here, by name, and only here: it depends on this module,
+    never the other way round.
+    """
+    return import_module(MLIAP_DOOR).MLIAPModel(record)
+
+
+class PickledRecord:
+    """Pickles as ``mliap_model(record)``: what :func:`save_model` writes, and what the
+    ML-IAP model reduces to."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.record = record
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        return (mliap_model, (self.record,))
+
+
 def save_model(potential: Potential, path: str | os.PathLike) -> Path:
     """Write ``potential`` to ``path`` (CPU tensors), readable by :func:`load_model` and by
     LAMMPS's ``pair_style mliap unified``."""
-    from .frontends.mliap import MLIAPModel  # the class imports this module
-
     path = Path(path)
-    torch.save(MLIAPModel.from_potential(potential), path)
+    torch.save(PickledRecord(model_record(potential)), path)
     return path
 
 
 def _record_argument(*args: object, **kwargs: object) -> object:
-    """Stands in for ``MLIAPModel`` while :func:`load_model` unpickles: the record itself."""
+    """Stands in for :func:`mliap_model` (or a version-2 file's ``MLIAPModel``) while :func:`load_model` unpickles: the record itself."""
     return args[0] if len(args) == 1 and not kwargs else None
 
 
@@ -238,13 +268,14 @@ def read_record(path: str | os.PathLike) -> object:
     for a user.
 
     :raises ModelFileError: the file is missing, not a torch archive, or names any global
-        other than the ML-IAP model class
+        other than :func:`mliap_model` (or a version-2 file's ML-IAP model class)
     """
     path = Path(path)
     if not path.is_file():
         raise ModelFileError(f"model file {path} not found")
     try:
-        with torch.serialization.safe_globals([(_record_argument, MLIAP_MODEL_GLOBAL)]):
+        allowed = [(_record_argument, name) for name in (MLIAP_MODEL_GLOBAL, MLIAP_MODEL_GLOBAL_V2)]
+        with torch.serialization.safe_globals(allowed):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         # the weights-only unpickler refuses any other global with this wording; anything

@@ -33,6 +33,7 @@ import torch
 import vesin
 
 from ._elements import map_elements
+from .contract import LocalGraph
 from .engine import evaluate
 from .potentials import Potential
 
@@ -217,8 +218,7 @@ def evaluate_reference(
             "charges": None if charges is None else torch.as_tensor(charges, dtype=torch.float64),
         }
     # the engine moves the inputs to the potential's device
-    result = evaluate(
-        potential,
+    graph = LocalGraph(
         natoms,
         torch.from_numpy(species),
         torch.from_numpy(pairs.pair_i),
@@ -229,6 +229,7 @@ def evaluate_reference(
         task=task,
         **system,
     )
+    result = evaluate(potential, graph)
     fij = result.pair_forces.detach().cpu().numpy().astype(np.float64, copy=False)
     atom_energies = result.atom_energies.detach().cpu().numpy().astype(np.float64, copy=False)
 

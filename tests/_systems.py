@@ -11,8 +11,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from nvalchemi_lammps import LennardJones
+from nvalchemi_lammps import LennardJones, LocalGraph
 from nvalchemi_lammps.reference import neighbor_pairs
 
 ARGON = {"epsilon": 0.0104, "sigma": 3.40}
@@ -160,6 +161,20 @@ class RankGraph:
     @property
     def ntotal(self) -> int:
         return int(self.species.shape[0])
+
+    def local_graph(self, comm=None, **fields) -> LocalGraph:
+        """This rank's arrays as the contract's graph (torch views, no copies); ``fields``:
+        the graph's other fields (positions, total_charge, ...)."""
+        if comm is not None:
+            fields["comm"] = comm
+        return LocalGraph(
+            self.nlocal,
+            torch.from_numpy(self.species),
+            torch.from_numpy(self.pair_i),
+            torch.from_numpy(self.pair_j),
+            torch.from_numpy(self.rij),
+            **fields,
+        )
 
 
 def _slabs(system: System, nslabs: int) -> np.ndarray:
@@ -452,3 +467,60 @@ class RankCollectives:
         values = np.frombuffer(view, dtype=np.float64)
         values[:] = np.sum(self._share(values.copy()), axis=0)
         self._done()
+
+
+# --- the plugin's Python side driven as the pair style drives it -------------------------------
+
+
+def byte_view(array: np.ndarray) -> memoryview:
+    """What ``writable_view`` in cpp_bridge/python_bridge.cpp builds: raw writable bytes (a
+    writable zero-byte view for an empty array, which ``memoryview.cast`` cannot make)."""
+    assert array.flags.c_contiguous and array.flags.writeable
+    if array.nbytes == 0:
+        return memoryview(bytearray())
+    return memoryview(array).cast("B")
+
+
+@dataclass
+class HostStep:
+    """A step record of the host path (pairs filtered, rij given, per-pair forces wanted)
+    and the arrays behind its outputs, prefilled with NaN, as uninitialized memory may hold
+    anything, so a row the session fails to write shows."""
+
+    record: object
+    atom_energies: np.ndarray
+    pair_forces: np.ndarray
+    atom_forces: np.ndarray
+
+
+def host_step(nlocal, species, pair_i, pair_j, rij, collectives) -> HostStep:
+    from nvalchemi_lammps.frontends.plugin import StepRecord
+
+    ntotal, npairs = len(species), len(pair_i)
+    species, pair_i, pair_j, rij = (np.ascontiguousarray(a) for a in (species, pair_i, pair_j, rij))
+    out = HostStep(
+        None, np.full(nlocal, np.nan), np.full((npairs, 3), np.nan), np.full((ntotal, 3), np.nan)
+    )
+    out.record = StepRecord(
+        nlocal=nlocal,
+        ntotal=ntotal,
+        positions=byte_view(np.zeros((ntotal, 3))),  # read only by models that need positions
+        species=byte_view(species),
+        owner=None,
+        send_rows=None,
+        nsend=0,
+        nrecv=0,
+        remote=False,
+        npairs=npairs,
+        filtered=True,
+        capacity=npairs,
+        pair_i=byte_view(pair_i),
+        pair_j=byte_view(pair_j),
+        rij=byte_view(rij),
+        pair_forces=byte_view(out.pair_forces),
+        want_pairs=True,
+        atom_energies=byte_view(out.atom_energies),
+        atom_forces=byte_view(out.atom_forces),
+        collectives=collectives,
+    )
+    return out

@@ -27,7 +27,7 @@ from _systems import RankGraph, System, ThreadWorld, decompose, decompose_shell,
 from nvalchemi_lammps import evaluate, load_model, save_model
 from nvalchemi_lammps.cli import main
 from nvalchemi_lammps.contract import LocalGraph
-from nvalchemi_lammps.frontends._lammps_comm import LammpsComm
+from nvalchemi_lammps.frontends.plugin import LammpsComm
 from nvalchemi_lammps.potentials import aimnet2 as aimnet2_module
 from nvalchemi_lammps.potentials.aimnet2 import AIMNet2
 from nvalchemi_lammps.reference import evaluate_reference, neighbor_pairs
@@ -137,7 +137,9 @@ def _run_ranks(potential, system, graphs, charge=0.0, exchange=True):
         )
         with torch.no_grad():
             charges = potential.outputs(graph)["charges"].double().numpy()
-        return charges, evaluate(potential, g.nlocal, *inputs, comm, total_charge=charge)
+        return charges, evaluate(
+            potential, LocalGraph(g.nlocal, *inputs, comm, total_charge=charge)
+        )
 
     results = world.run(work)
     got = gather(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from nvalchemi_lammps import LennardJones, evaluate, load_model
+from nvalchemi_lammps import LennardJones, LocalGraph, evaluate, load_model
 from nvalchemi_lammps.cli import demo as demo_cli
 from nvalchemi_lammps.cli import export as export_cli
 from nvalchemi_lammps.cli import info as info_cli
@@ -41,7 +41,9 @@ def _cluster_energies(potential, count: int = 6) -> tuple[torch.Tensor, torch.Te
         for t in torch.meshgrid(torch.arange(count), torch.arange(count), indexing="ij")
     )
     keep = i != j
-    result = evaluate(potential, count, species, i[keep], j[keep], x[j[keep]] - x[i[keep]])
+    result = evaluate(
+        potential, LocalGraph(count, species, i[keep], j[keep], x[j[keep]] - x[i[keep]])
+    )
     return result.atom_energies, result.pair_forces
 
 

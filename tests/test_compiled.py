@@ -52,12 +52,7 @@ class OwnerComm(Comm):
 def _evaluate(potential, graph, comm):
     return evaluate(
         potential,
-        graph.nlocal,
-        torch.from_numpy(graph.species),
-        torch.from_numpy(graph.pair_i),
-        torch.from_numpy(graph.pair_j),
-        torch.from_numpy(graph.rij),
-        comm,
+        graph.local_graph(comm),
     )
 
 

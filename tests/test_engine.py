@@ -52,11 +52,7 @@ def _run_ranks(potential, system: System, nranks: int, nslabs: int | None = None
     for g in graphs:
         result = evaluate(
             potential,
-            g.nlocal,
-            torch.from_numpy(g.species),
-            torch.from_numpy(g.pair_i),
-            torch.from_numpy(g.pair_j),
-            torch.from_numpy(g.rij),
+            g.local_graph(),
         )
         assert result.atom_energies.shape == (g.nlocal,)
         assert result.pair_forces.shape == (len(g.pair_i), 3)
@@ -120,11 +116,7 @@ def test_ghost_rows_carry_forces():
     g = graphs[0]
     result = evaluate(
         potential,
-        g.nlocal,
-        torch.from_numpy(g.species),
-        torch.from_numpy(g.pair_i),
-        torch.from_numpy(g.pair_j),
-        torch.from_numpy(g.rij),
+        g.local_graph(),
     )
     fij = result.pair_forces.numpy()
     local = np.zeros((g.ntotal, 3))
@@ -169,11 +161,13 @@ def test_graph_without_pairs(make_potential, nlocal, nghost):
     potential = make_potential(triclinic_ar_ne())
     result = evaluate(
         potential,
-        nlocal,
-        torch.zeros(nlocal + nghost, dtype=torch.int64),
-        _empty(0),
-        _empty(0),
-        _empty(0, 3, dtype=torch.float64),
+        LocalGraph(
+            nlocal,
+            torch.zeros(nlocal + nghost, dtype=torch.int64),
+            _empty(0),
+            _empty(0),
+            _empty(0, 3, dtype=torch.float64),
+        ),
     )
     assert result.atom_energies.shape == (nlocal,)
     assert result.atom_energies.dtype == torch.float64
@@ -200,7 +194,9 @@ class Constant(Potential):
 def test_energies_independent_of_pairs_give_zero_forces():
     rij = torch.tensor([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]], dtype=torch.float64)
     pairs = torch.tensor([0, 1])
-    result = evaluate(Constant(), 2, torch.zeros(3, dtype=torch.int64), pairs, pairs.flip(0), rij)
+    result = evaluate(
+        Constant(), LocalGraph(2, torch.zeros(3, dtype=torch.int64), pairs, pairs.flip(0), rij)
+    )
     assert result.energy == -0.5
     assert torch.equal(result.pair_forces, torch.zeros(2, 3, dtype=torch.float64))
 
@@ -217,7 +213,7 @@ def test_float32_potential_returns_float64():
         torch.from_numpy(g.pair_j),
         torch.from_numpy(g.rij),
     )
-    r32, r64 = evaluate(p32, *args), evaluate(p64, *args)
+    r32, r64 = evaluate(p32, LocalGraph(*args)), evaluate(p64, LocalGraph(*args))
     assert r32.pair_forces.dtype == torch.float64 and r32.atom_energies.dtype == torch.float64
     np.testing.assert_allclose(r32.pair_forces.numpy(), r64.pair_forces.numpy(), atol=1e-6)
     assert r32.energy == pytest.approx(r64.energy, rel=1e-6)
@@ -230,11 +226,13 @@ def test_input_tensors_are_not_modified():
     rij = torch.from_numpy(g.rij.copy())
     evaluate(
         potential,
-        g.nlocal,
-        torch.from_numpy(g.species),
-        torch.from_numpy(g.pair_i),
-        torch.from_numpy(g.pair_j),
-        rij,
+        LocalGraph(
+            g.nlocal,
+            torch.from_numpy(g.species),
+            torch.from_numpy(g.pair_i),
+            torch.from_numpy(g.pair_j),
+            rij,
+        ),
     )
     assert np.array_equal(rij.numpy(), g.rij) and not rij.requires_grad
 
@@ -260,14 +258,14 @@ def test_non_finite_pair_vector_names_the_atoms(bad):
     potential = lennard_jones(fcc_argon())
     message = "non-finite pair vector between atoms 1 and 0 (NaN or infinite positions)"
     with pytest.raises(ValueError, match=re.escape(message)):
-        evaluate(potential, nlocal, species, pi, pj, rij)
+        evaluate(potential, LocalGraph(nlocal, species, pi, pj, rij))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
 def test_pair_vectors_must_be_float64(dtype):
     nlocal, species, pi, pj, rij = _pair_graph([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]])
     with pytest.raises(TypeError, match=re.escape(f"pair vectors must be float64, got {dtype}")):
-        evaluate(lennard_jones(fcc_argon()), nlocal, species, pi, pj, rij.to(dtype))
+        evaluate(lennard_jones(fcc_argon()), LocalGraph(nlocal, species, pi, pj, rij.to(dtype)))
 
 
 class WrongShape(Potential):
@@ -287,4 +285,4 @@ def test_energies_shape_is_checked(rows):
     _nlocal, species, pi, pj, rij = _pair_graph([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]])
     message = f"potential 'test_wrong_shape' returned energies of shape ({rows},), wanted (2,)"
     with pytest.raises(ValueError, match=re.escape(message)):
-        evaluate(WrongShape(rows), 1, species, pi, pj, rij)
+        evaluate(WrongShape(rows), LocalGraph(1, species, pi, pj, rij))

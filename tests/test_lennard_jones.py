@@ -21,7 +21,7 @@ from _systems import (
     triclinic_ar_ne,
 )
 
-from nvalchemi_lammps import LennardJones, evaluate
+from nvalchemi_lammps import LennardJones, LocalGraph, evaluate
 from nvalchemi_lammps.reference import evaluate_reference, neighbor_pairs
 
 SYSTEMS = [fcc_argon(), fcc_argon_222(), triclinic_ar_ne(), slab_argon(), cluster_ar_ne()]
@@ -270,11 +270,13 @@ def test_float32_agrees_with_float64(system):
     pairs = ref64.pairs
     result = evaluate(
         p32,
-        system.natoms,
-        torch.from_numpy(system.species),
-        torch.from_numpy(pairs.pair_i),
-        torch.from_numpy(pairs.pair_j),
-        torch.from_numpy(pairs.rij),
+        LocalGraph(
+            system.natoms,
+            torch.from_numpy(system.species),
+            torch.from_numpy(pairs.pair_i),
+            torch.from_numpy(pairs.pair_j),
+            torch.from_numpy(pairs.rij),
+        ),
     )
     assert result.pair_forces.dtype == torch.float64
     assert result.atom_energies.dtype == torch.float64
@@ -378,17 +380,16 @@ def test_closed_form_equals_autograd(system, shift, null):
     potential = lennard_jones(system, shift=shift)
     species = _with_null_atom(system) if null else system.species
     pairs = neighbor_pairs(system.positions, system.cell, system.pbc, potential.spec.cutoff)
-    args = [
-        potential,
+    graph = LocalGraph(
         system.natoms,
         torch.from_numpy(species),
         torch.from_numpy(pairs.pair_i),
         torch.from_numpy(pairs.pair_j),
         torch.from_numpy(pairs.rij),
-    ]
-    closed = evaluate(*args)
+    )
+    closed = evaluate(potential, graph)
     potential.pair_terms = lambda graph: None  # no closed form: autograd of forward
-    differentiated = evaluate(*args)
+    differentiated = evaluate(potential, graph)
     _close(closed.atom_energies.numpy(), differentiated.atom_energies.numpy(), rtol=1e-14)
     _close(closed.pair_forces.numpy(), differentiated.pair_forces.numpy(), rtol=1e-13)
     assert closed.energy == pytest.approx(differentiated.energy, rel=1e-14)

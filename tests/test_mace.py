@@ -30,8 +30,8 @@ from _systems import (
     gather,
 )
 
-from nvalchemi_lammps import evaluate, load_model, save_model
-from nvalchemi_lammps.frontends._lammps_comm import LammpsComm
+from nvalchemi_lammps import LocalGraph, evaluate, load_model, save_model
+from nvalchemi_lammps.frontends.plugin import LammpsComm
 from nvalchemi_lammps.potentials import mace as mace_module
 from nvalchemi_lammps.potentials.mace import Mace
 from nvalchemi_lammps.reference import evaluate_reference
@@ -304,12 +304,14 @@ def _run_exchange(potential: Mace, system: System, graphs, exchange: bool = True
         g = graphs[rank]
         return evaluate(
             potential,
-            g.nlocal,
-            torch.from_numpy(g.species),
-            torch.from_numpy(g.pair_i),
-            torch.from_numpy(g.pair_j),
-            torch.from_numpy(g.rij),
-            LammpsComm(world.collectives(rank), exchange=exchange),
+            LocalGraph(
+                g.nlocal,
+                torch.from_numpy(g.species),
+                torch.from_numpy(g.pair_i),
+                torch.from_numpy(g.pair_j),
+                torch.from_numpy(g.rij),
+                LammpsComm(world.collectives(rank), exchange=exchange),
+            ),
         )
 
     results = world.run(work)
@@ -412,11 +414,9 @@ def test_no_pairs(scale_shift, nlocal, nghost):
     none = torch.zeros(0, dtype=torch.int64)
     result = evaluate(
         potential,
-        nlocal,
-        torch.from_numpy(species),
-        none,
-        none,
-        torch.zeros(0, 3, dtype=torch.float64),
+        LocalGraph(
+            nlocal, torch.from_numpy(species), none, none, torch.zeros(0, 3, dtype=torch.float64)
+        ),
     )
     assert result.atom_energies.shape == (nlocal,) and result.pair_forces.shape == (0, 3)
     if nlocal:

@@ -25,7 +25,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _systems import RankGraph, ThreadWorld, decompose, fcc_argon_222, lennard_jones
+from _systems import (
+    RankGraph,
+    ThreadWorld,
+    decompose,
+    fcc_argon_222,
+    host_step,
+    lennard_jones,
+)
 from lammps_helpers import assert_all_close
 from mliap_standin import (
     VIRIAL_ATOM,
@@ -41,6 +48,7 @@ from mliap_standin import (
 )
 
 from nvalchemi_lammps import MessagePassing, save_model
+from nvalchemi_lammps._model_file import mliap_model
 from nvalchemi_lammps.frontends import mliap
 from nvalchemi_lammps.frontends.mliap import EXCHANGE_BUILD, RCUTFAC_PER_CUTOFF, MLIAPModel
 from nvalchemi_lammps.frontends.plugin import open_session
@@ -108,11 +116,6 @@ def _path(model_files: dict[str, Path], model: str) -> Path:
 # --- running both front doors on the same ranks ------------------------------------------
 
 
-def _view(array: np.ndarray) -> memoryview:
-    """A writable byte view, as cpp_bridge/python_bridge.cpp hands arrays to the plugin."""
-    return memoryview(bytearray()) if array.nbytes == 0 else memoryview(array).cast("B")
-
-
 def plugin_world(path: Path, graphs: list[RankGraph], natoms: int) -> list[tuple]:
     """``pair_style nvalchemi``'s Python side on every rank: (energy, atom energies, fij)."""
     world = ThreadWorld(graphs, natoms)
@@ -120,22 +123,9 @@ def plugin_world(path: Path, graphs: list[RankGraph], natoms: int) -> list[tuple
 
     def work(rank):
         g = graphs[rank]
-        energies, forces = np.full(g.nlocal, np.nan), np.full((len(g.pair_i), 3), np.nan)
-        species, pair_i, pair_j, rij = (
-            np.ascontiguousarray(a) for a in (g.species, g.pair_i, g.pair_j, g.rij)
-        )
-        energy, _, _ = sessions[rank].compute(  # the host path: pairs filtered, rij given
-            g.nlocal,
-            _view(np.zeros((g.ntotal, 3))),
-            (_view(species), None, len(pair_i)),
-            (_view(pair_i), _view(pair_j), _view(rij), _view(forces)),
-            True,
-            True,
-            _view(energies),
-            _view(np.zeros((g.ntotal, 3))),
-            world.collectives(rank),
-        )
-        return energy, energies, forces
+        step = host_step(g.nlocal, g.species, g.pair_i, g.pair_j, g.rij, world.collectives(rank))
+        energy = sessions[rank].compute(step.record).energy
+        return energy, step.atom_energies, step.pair_forces
 
     return world.run(work)
 
@@ -224,7 +214,7 @@ def test_model_object(model_files):
     for method in ("compute_descriptors", "compute_gradients", "compute_forces"):
         assert callable(getattr(model, method))
     func, (record,) = model.__reduce__()
-    assert func is MLIAPModel and record["potential"] == "message_passing"
+    assert func is mliap_model and record["potential"] == "message_passing"
     again = pickle.loads(pickle.dumps(model))  # lammps's MLIAPUnified.pickle(fname) way
     assert type(again) is MLIAPModel and again.potential.config() == model.potential.config()
     from_file = MLIAPModel.from_file(path)  # for lammps.mliap.load_unified, read safely
@@ -456,26 +446,25 @@ DRIVER = textwrap.dedent(
     seen = []
     compute = plugin.PluginSession.compute
 
-    def recording(self, nlocal, positions, topology, pairs, *rest):
-        species, _owner, npairs = topology  # the host path: sent every step
-        pair_i, pair_j, rij, forces = pairs
-        energies = rest[2]
-        ntotal = species.nbytes // 8
+    def recording(self, step):
+        npairs, ntotal = step.npairs, step.ntotal  # the host path: topology every step
         tags = lmp.numpy.extract_atom("id", nelem=ntotal) if ntotal else np.zeros(0)
         saved = dict(
-            nlocal=nlocal, tags=np.array(tags, dtype=np.int64),
-            species=np.frombuffer(species, np.int64).copy(),
-            pair_i=np.frombuffer(pair_i, np.int64, count=npairs).copy(),
-            pair_j=np.frombuffer(pair_j, np.int64, count=npairs).copy(),
-            rij=np.frombuffer(rij, np.float64, count=3 * npairs).reshape(-1, 3).copy(),
+            nlocal=step.nlocal, tags=np.array(tags, dtype=np.int64),
+            species=np.frombuffer(step.species, np.int64).copy(),
+            pair_i=np.frombuffer(step.pair_i, np.int64, count=npairs).copy(),
+            pair_j=np.frombuffer(step.pair_j, np.int64, count=npairs).copy(),
+            rij=np.frombuffer(step.rij, np.float64, count=3 * npairs).reshape(-1, 3).copy(),
         )
-        energy, npairs_back, written = compute(self, nlocal, positions, topology, pairs, *rest)
+        result = compute(self, step)
         saved.update(
-            energy=energy, atom_energies=np.frombuffer(energies, np.float64).copy(),
-            pair_forces=np.frombuffer(forces, np.float64, count=3 * npairs).reshape(-1, 3).copy(),
+            energy=result.energy,
+            atom_energies=np.frombuffer(step.atom_energies, np.float64).copy(),
+            pair_forces=np.frombuffer(step.pair_forces, np.float64, count=3 * npairs)
+            .reshape(-1, 3).copy(),
         )
         seen.append(saved)
-        return energy, npairs_back, written
+        return result
 
     plugin.PluginSession.compute = recording
     lmp.command(f"plugin load {plugin_path()}")

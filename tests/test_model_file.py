@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,13 +16,18 @@ from nvalchemi_lammps import FORMAT_VERSION, LennardJones, ModelFileError, load_
 from nvalchemi_lammps._model_file import (
     FORMAT,
     MLIAP_MODEL_GLOBAL,
+    MLIAP_MODEL_GLOBAL_V2,
     ModelFileWarning,
     content_digest,
+    mliap_model,
+    model_record,
     open_model,
     read_record,
 )
 from nvalchemi_lammps.frontends.mliap import MLIAPModel
 from nvalchemi_lammps.reference import evaluate_reference
+
+DATA = Path(__file__).parent / "data"
 
 
 def _potential(dtype: str = "float64") -> LennardJones:
@@ -43,13 +49,13 @@ def _record(path) -> dict:
 
 
 class _Wrapped:
-    """Pickles as a model file does, ``MLIAPModel(record)``, around any record."""
+    """Pickles as a model file does, ``mliap_model(record)``, around any record."""
 
     def __init__(self, record) -> None:
         self.record = record
 
     def __reduce__(self):
-        return (MLIAPModel, (self.record,))
+        return (mliap_model, (self.record,))
 
 
 def _write_record(record, path) -> None:
@@ -72,6 +78,31 @@ def test_round_trip(tmp_path, dtype):
     )
     assert after.energy == before.energy
     assert np.array_equal(after.forces, before.forces)
+
+
+def test_reads_a_version_2_file(recwarn):
+    """A file written by format version 2 (tests/data/model_format_v2.pt: ``_potential()``
+    saved before version 3), whose global is the ML-IAP door's class: both readers still
+    take it, and it is the same model."""
+    path = DATA / "model_format_v2.pt"
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(path) == [MLIAP_MODEL_GLOBAL_V2]
+    assert read_record(path)["format_version"] == 2
+    loaded = open_model(path)
+    assert loaded.verified and type(loaded.potential) is LennardJones
+    assert loaded.potential.config() == _potential().config()
+    system = triclinic_ar_ne()
+    expected, got = (
+        evaluate_reference(p, system.positions, system.cell, system.pbc, system.species)
+        for p in (_potential(), loaded.potential)
+    )
+    assert got.energy == expected.energy
+    assert np.array_equal(got.forces, expected.forces)
+    model = torch.load(path, weights_only=False)  # as LAMMPS's ML-IAP reads it
+    assert type(model) is MLIAPModel and model.potential.config() == _potential().config()
+    # written again, it is a file of this version
+    record = model_record(loaded.potential)
+    assert record["format_version"] == FORMAT_VERSION == 3
+    assert not [w for w in recwarn if issubclass(w.category, ModelFileWarning)]
 
 
 def test_file_holds_plain_data(tmp_path):

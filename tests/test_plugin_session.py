@@ -20,6 +20,7 @@ from _systems import (
     decompose_shell,
     fcc_argon_222,
     gather,
+    host_step,
     lennard_jones,
     triclinic_ar_ne,
 )
@@ -27,15 +28,6 @@ from _systems import (
 from nvalchemi_lammps import MessagePassing, ModelFileError, save_model
 from nvalchemi_lammps.frontends.plugin import PluginSession, open_session
 from nvalchemi_lammps.reference import evaluate_reference
-
-
-def _view(array: np.ndarray) -> memoryview:
-    """What ``writable_view`` in python_bridge.cpp builds: raw writable bytes (a writable
-    zero-byte view for an empty array, which ``memoryview.cast`` cannot make)."""
-    assert array.flags.c_contiguous and array.flags.writeable
-    if array.nbytes == 0:
-        return memoryview(bytearray())
-    return memoryview(array).cast("B")
 
 
 def _solo(graph: RankGraph) -> RankCollectives:
@@ -63,27 +55,11 @@ def model_path(tmp_path):
 
 
 def _call_compute(session: PluginSession, nlocal, species, pair_i, pair_j, rij, comm):
-    """One ``PythonSession::compute`` on the host path (pairs filtered, rij given): outputs
-    prefilled with NaN, as uninitialized memory may hold anything, so a row the session
-    fails to write shows."""
-    energies = np.full(nlocal, np.nan)
-    forces = np.full((len(pair_i), 3), np.nan)
-    atom_forces = np.full((len(species), 3), np.nan)
-    positions = np.zeros((len(species), 3))  # read only by models that need positions
-    species, pair_i, pair_j, rij = (np.ascontiguousarray(a) for a in (species, pair_i, pair_j, rij))
-    energy, npairs, written = session.compute(
-        nlocal,
-        _view(positions),
-        (_view(species), None, len(pair_i)),
-        (_view(pair_i), _view(pair_j), _view(rij), _view(forces)),
-        True,
-        True,
-        _view(energies),
-        _view(atom_forces),
-        comm,
-    )
-    assert npairs == len(pair_i) and not written
-    return energy, energies, forces
+    """One step of the host path (:func:`_systems.host_step`)."""
+    step = host_step(nlocal, species, pair_i, pair_j, rij, comm)
+    result = session.compute(step.record)
+    assert result.npairs == len(pair_i) and not result.atom_forces_written
+    return result.energy, step.atom_energies, step.pair_forces
 
 
 def test_session_describes_the_model(model_path):

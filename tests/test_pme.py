@@ -11,17 +11,17 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from test_ewald import (
+from _ionic_systems import (
     PBC,
     SLAB_PBC,
+    allreduce_sizes,
     rock_salt,
     slab_energy,
     slab_system,
     small_triclinic,
 )
 
-from nvalchemi_lammps import LocalGraph, NoOpComm
-from nvalchemi_lammps.engine import evaluate
+from nvalchemi_lammps import LocalGraph
 from nvalchemi_lammps.potentials.ewald import Ewald
 from nvalchemi_lammps.potentials.pme import Pme, bspline_weights
 from nvalchemi_lammps.reference import evaluate_reference
@@ -180,36 +180,13 @@ def test_forces_and_virial_are_derivatives_of_the_energy(case):
         assert ref.virial[a, b] == pytest.approx(expected, abs=1e-6)
 
 
-class _CountingComm(NoOpComm):
-    def __init__(self) -> None:
-        self.sizes: list[tuple[int, ...]] = []
-
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
-        self.sizes.append(tuple(x.shape))
-        return x
-
-
 @pytest.mark.parametrize("nlocal", [0, 8])
 def test_every_rank_issues_the_same_collectives(nlocal):
     """A rank with no atoms issues the same collectives, of the same sizes, as any other:
     the global sums, then the whole mesh."""
-    positions, cell, species, charges = rock_salt(1)
     potential = Pme(ELEMENTS, cutoff=5.0, alpha=0.5, mesh=[8, 9, 10])
-    comm = _CountingComm()
-    result = evaluate(
-        potential,
-        nlocal,
-        torch.from_numpy(species[:nlocal]),
-        torch.zeros(0, dtype=torch.int64),
-        torch.zeros(0, dtype=torch.int64),
-        torch.zeros(0, 3, dtype=torch.float64),
-        comm,
-        positions=torch.from_numpy(positions[:nlocal]),
-        cell=torch.from_numpy(cell),
-        pbc=PBC,
-        charges=torch.from_numpy(charges[:nlocal]),
-    )
-    assert comm.sizes == [(5,), (8 * 9 * 10,)]
+    sizes, result = allreduce_sizes(potential, nlocal)
+    assert sizes == [(5,), (8 * 9 * 10,)]
     assert result.atom_forces.shape == (nlocal, 3)
 
 

@@ -29,9 +29,9 @@ from _uma_models import (
     random_uma,
 )
 
-from nvalchemi_lammps import evaluate, load_model, save_model
+from nvalchemi_lammps import LocalGraph, evaluate, load_model, save_model
 from nvalchemi_lammps.cli import main
-from nvalchemi_lammps.frontends._lammps_comm import LammpsComm
+from nvalchemi_lammps.frontends.plugin import LammpsComm
 from nvalchemi_lammps.potentials import uma as uma_module
 from nvalchemi_lammps.potentials.uma import Uma
 from nvalchemi_lammps.reference import evaluate_reference
@@ -138,7 +138,7 @@ def _run_ranks(potential, system, graphs, charge=0.0, exchange=True):
         g = graphs[rank]
         comm = LammpsComm(world.collectives(rank), exchange=exchange)
         inputs = [torch.from_numpy(a) for a in (g.species, g.pair_i, g.pair_j, g.rij)]
-        return evaluate(potential, g.nlocal, *inputs, comm, total_charge=charge)
+        return evaluate(potential, LocalGraph(g.nlocal, *inputs, comm, total_charge=charge))
 
     results = world.run(work)
     got = gather(

@@ -11,6 +11,7 @@ message that says what to change.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import textwrap
@@ -22,9 +23,13 @@ from _broken_models import UnderdeclaredMessagePassing, importable_in_lammps
 
 from nvalchemi_lammps import LennardJones, MessagePassing, save_model
 from nvalchemi_lammps.cli import COMMANDS
+from nvalchemi_lammps.cli import _comparison as judge
 from nvalchemi_lammps.cli import validate as cli
+from nvalchemi_lammps.contract import resolve_strategy
 from nvalchemi_lammps.lammps_run import write_lammps_data
 from nvalchemi_lammps.reference import evaluate_reference
+from nvalchemi_lammps.tools import lammps_runs, structures
+from nvalchemi_lammps.tools import reach as probe
 
 ELEMENTS = ["Ar", "Ne"]
 CUTOFF = 5.0
@@ -71,8 +76,8 @@ def model_files(tmp_path_factory) -> dict[str, Path]:
 
 
 def _structure(seed: int = 1):
-    lattice = cli.parse_lattice(LATTICE)
-    positions, cell, types = cli.build_lattice(lattice, len(ELEMENTS), seed)
+    lattice = structures.parse_lattice(LATTICE)
+    positions, cell, types = structures.build_lattice(lattice, len(ELEMENTS), seed)
     return positions, cell, types - 1
 
 
@@ -93,7 +98,7 @@ def test_validate_is_a_subcommand():
     ],
 )
 def test_parse_lattice(text, kind, constant, cells):
-    assert cli.parse_lattice(text) == cli.Lattice(kind, constant, cells)
+    assert structures.parse_lattice(text) == structures.Lattice(kind, constant, cells)
 
 
 @pytest.mark.parametrize(
@@ -108,25 +113,25 @@ def test_parse_lattice(text, kind, constant, cells):
     ],
 )
 def test_parse_lattice_refuses(text, message):
-    with pytest.raises(cli.UsageError, match=re.escape(message)):
-        cli.parse_lattice(text)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        structures.parse_lattice(text)
 
 
 @pytest.mark.parametrize(("kind", "per_cell"), [("sc", 1), ("bcc", 2), ("fcc", 4), ("diamond", 8)])
 def test_build_lattice(kind, per_cell):
-    lattice = cli.Lattice(kind, 4.0, (2, 3, 2))
-    positions, cell, types = cli.build_lattice(lattice, 3, seed=5)
+    lattice = structures.Lattice(kind, 4.0, (2, 3, 2))
+    positions, cell, types = structures.build_lattice(lattice, 3, seed=5)
     assert positions.shape == (12 * per_cell, 3)
     np.testing.assert_array_equal(cell, np.diag([8.0, 12.0, 8.0]))
     assert positions.min() >= 0.0 and np.all(positions < np.diag(cell))
     assert set(types) == {1, 2, 3}
     # displaced (forces are not zero), seeded, and no two atoms on top of each other
-    again = cli.build_lattice(lattice, 3, seed=5)
+    again = structures.build_lattice(lattice, 3, seed=5)
     np.testing.assert_array_equal(positions, again[0])
     np.testing.assert_array_equal(types, again[2])
-    assert not np.array_equal(positions, cli.build_lattice(lattice, 3, seed=6)[0])
+    assert not np.array_equal(positions, structures.build_lattice(lattice, 3, seed=6)[0])
     nearest = min(
-        np.sort(cli.min_image_distances(positions, cell, positions[k]))[1]
+        np.sort(probe.min_image_distances(positions, cell, positions[k]))[1]
         for k in range(len(positions))
     )
     assert nearest > 0.25 * 4.0
@@ -136,7 +141,7 @@ def test_min_image_distances_in_a_skewed_cell():
     cell = np.array([[6.0, 0.0, 0.0], [2.0, 5.0, 0.0], [1.0, -1.5, 7.0]])
     rng = np.random.default_rng(0)
     positions = rng.random((20, 3)) @ cell
-    got = cli.min_image_distances(positions, cell, positions[3])
+    got = probe.min_image_distances(positions, cell, positions[3])
     shifts = np.array([[i, j, k] for i in range(-3, 4) for j in range(-3, 4) for k in range(-3, 4)])
     images = positions[3] + shifts @ cell
     want = np.linalg.norm(positions[:, None, :] - images[None], axis=2).min(axis=1)
@@ -146,7 +151,7 @@ def test_min_image_distances_in_a_skewed_cell():
 def test_read_data_header(tmp_path):
     positions, cell, types = _structure()
     data = write_lammps_data(tmp_path / "a.data", positions, cell, types + 1, [39.948, 20.18])
-    assert cli.read_data_header(data) == cli.DataHeader(2, True, "atomic")
+    assert structures.read_data_header(data) == structures.DataHeader(2, True, "atomic")
     charge = tmp_path / "b.data"
     charge.write_text(
         textwrap.dedent(
@@ -165,39 +170,38 @@ def test_read_data_header(tmp_path):
             """
         )
     )
-    assert cli.read_data_header(charge) == cli.DataHeader(3, False, "charge")
+    assert structures.read_data_header(charge) == structures.DataHeader(3, False, "charge")
     (tmp_path / "c.data").write_text("title\n3 atom types\n")
-    with pytest.raises(cli.UsageError, match="has no Atoms section"):
-        cli.read_data_header(tmp_path / "c.data")
+    with pytest.raises(ValueError, match="has no Atoms section"):
+        structures.read_data_header(tmp_path / "c.data")
 
 
 def test_element_masses():
-    assert cli.element_masses(["Ar", "Ne"], needed=True) == pytest.approx([39.948, 20.1797])
-    assert cli.element_masses(["Xx"], needed=False) == [1.0]
-    with pytest.raises(cli.UsageError, match="no mass for element Xx"):
-        cli.element_masses(["Xx"], needed=True)
+    assert structures.element_masses(["Ar", "Ne"], needed=True) == pytest.approx([39.948, 20.1797])
+    assert structures.element_masses(["Xx"], needed=False) == [1.0]
+    with pytest.raises(ValueError, match="no mass for element Xx"):
+        structures.element_masses(["Xx"], needed=True)
 
 
-def test_resolve_strategy():
+def test_strategy_for():
+    """validate asks the plugin's own rule (contract.resolve_strategy)."""
     lj = LennardJones(elements=["Ar"], epsilon={"Ar": 0.01}, sigma={"Ar": 3.4}, cutoff=8.0)
-    assert cli.resolve_strategy(lj, "shell") == "local"
+    assert judge.strategy_for(lj, "shell").name == "local"
     mp = _message_passing()
-    assert [cli.resolve_strategy(mp, s) for s in ("auto", "exchange", "shell")] == [
+    assert [judge.strategy_for(mp, s).name for s in ("auto", "exchange", "shell")] == [
         "exchange",
         "exchange",
         "shell",
     ]
-    assert cli.ghost_cutoff_needed(mp, "exchange") == CUTOFF
-    assert cli.ghost_cutoff_needed(mp, "shell") == 2 * CUTOFF
+    assert judge.strategy_for(mp, "exchange").ghost_cutoff == CUTOFF
+    assert judge.strategy_for(mp, "shell").ghost_cutoff == 2 * CUTOFF
     mp.spec = dataclasses.replace(mp.spec, strategies=("exchange",))
     message = "the message_passing model does not support strategy shell (it supports: exchange)"
-    with pytest.raises(cli.UsageError, match=re.escape(message)):
-        cli.resolve_strategy(mp, "shell")
+    with pytest.raises(judge.UsageError, match=re.escape(message)):
+        judge.strategy_for(mp, "shell")
 
 
 LOG = """\
-pair_style nvalchemi: message_passing model: elements Ar Ne, cutoff 5, units metal, float64
-pair_style nvalchemi: 2 message-passing layers, {line}
 Neighbor list info ...
   update: every = 1 steps, delay = 0 steps, check = yes
   master list distance cutoff = 12
@@ -205,12 +209,20 @@ Neighbor list info ...
 """
 
 
-def test_read_log():
-    shell = cli.read_log(LOG.format(line="ghost shell of 2 x cutoff, no exchange"))
-    assert shell == cli.LogFacts(ghost_cutoff=12.0, strategy="shell")
-    exchange = cli.read_log(LOG.format(line="ghost features exchanged after each layer"))
-    assert exchange.strategy == "exchange"
-    assert cli.read_log("nothing") == cli.LogFacts(ghost_cutoff=None, strategy="local")
+def test_read_log(tmp_path):
+    """The ghost cutoff comes from LAMMPS's log, the strategy from the plugin's reports."""
+    mp = _message_passing()
+    for pid, asked in ((11, "shell"), (12, "shell")):
+        report = resolve_strategy(mp.spec, asked, mp.name).to_dict()
+        (tmp_path / f"strategy-{pid}.json").write_text(json.dumps(report))
+    assert lammps_runs.read_log(LOG, tmp_path) == lammps_runs.LogFacts(
+        ghost_cutoff=12.0, strategy="shell"
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert lammps_runs.read_log("nothing", empty) == lammps_runs.LogFacts(
+        ghost_cutoff=None, strategy="none"
+    )
 
 
 def test_measure_reach():
@@ -226,7 +238,7 @@ def test_measure_reach():
     reach = {}
     for name, potential in (("lj", lj), ("mp", _message_passing()), ("bad", _underdeclared())):
         ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
-        atom, reach[name] = cli.measure_reach(potential, positions, cell, species, ref)
+        atom, reach[name] = probe.measure_reach(potential, positions, cell, species, ref)
         assert atom == 0
     assert 0.8 * 6.5 < reach["lj"] < 6.5
     assert CUTOFF < reach["mp"] < 2 * CUTOFF
@@ -234,9 +246,11 @@ def test_measure_reach():
 
 
 def test_advice_for_an_underdeclared_model():
-    facts = {1: cli.LogFacts(7.0, "local"), 2: cli.LogFacts(7.0, "local")}
-    failing = [cli.Row(1, "forces [eV/A]", 0.03, 0.5, 17)]
-    problems = cli.advice(_underdeclared(), "local", 9.32, failing, facts, 1e-10)
+    facts = {1: lammps_runs.LogFacts(7.0, "local"), 2: lammps_runs.LogFacts(7.0, "local")}
+    failing = [judge.Row(1, "forces [eV/A]", 0.03, 0.5, 17)]
+    problems = judge.advice(
+        _underdeclared(), judge.strategy_for(_underdeclared(), "auto"), 9.32, failing, facts, 1e-10
+    )
     assert problems == [UNDERDECLARED_ADVICE.format(reach="9.32")]
 
 
@@ -244,8 +258,8 @@ def test_advice_for_a_two_layer_model_declaring_fewer():
     """Declared 2, reaches 3 cutoffs: more layers, or the shell strategy with a wider
     ghost shell."""
     model = UnderdeclaredMessagePassing(ELEMENTS, cutoff=CUTOFF, layers=3, declared_layers=2)
-    facts = {1: cli.LogFacts(12.0, "shell")}
-    (problem,) = cli.advice(model, "shell", 13.1, [], facts, 1e-10)
+    facts = {1: lammps_runs.LogFacts(12.0, "shell")}
+    (problem,) = judge.advice(model, judge.strategy_for(model, "shell"), 13.1, [], facts, 1e-10)
     assert "declare layers=3 (or more) in its spec (ModelSpec.layers)" in problem
     assert problem.endswith(
         "or run it with strategy shell and comm_modify cutoff 17 (layers x cutoff + the "
@@ -256,11 +270,11 @@ def test_advice_for_a_two_layer_model_declaring_fewer():
 def test_advice_for_lammps_settings():
     mp = _message_passing()
     facts = {
-        1: cli.LogFacts(12.0, "shell"),
-        2: cli.LogFacts(9.0, "shell"),
-        4: cli.LogFacts(None, "exchange"),
+        1: lammps_runs.LogFacts(12.0, "shell"),
+        2: lammps_runs.LogFacts(9.0, "shell"),
+        4: lammps_runs.LogFacts(None, "exchange"),
     }
-    problems = cli.advice(mp, "shell", 8.0, [], facts, 1e-10)
+    problems = judge.advice(mp, judge.strategy_for(mp, "shell"), 8.0, [], facts, 1e-10)
     assert problems == [
         (
             "on 2 rank(s) LAMMPS's ghost atom cutoff is 9 A, not beyond the 10 A that strategy "
@@ -272,13 +286,23 @@ def test_advice_for_lammps_settings():
             "(reinstall the package)"
         ),
     ]
-    failing = [cli.Row(2, "forces [eV/A]", 1e-3, 1e-2, 5)]
-    (problem,) = cli.advice(mp, "exchange", 8.0, failing, {}, 1e-10)
+    failing = [judge.Row(2, "forces [eV/A]", 1e-3, 1e-2, 5)]
+    (problem,) = judge.advice(mp, judge.strategy_for(mp, "exchange"), 8.0, failing, {}, 1e-10)
     assert problem.startswith(
         "with strategy exchange the numbers differ at 2 rank(s): the model's forward must call "
         "graph.comm.forward_exchange"
     )
-    assert cli.advice(mp, "exchange", 8.0, [], {2: cli.LogFacts(7.0, "exchange")}, 1e-10) == []
+    assert (
+        judge.advice(
+            mp,
+            judge.strategy_for(mp, "exchange"),
+            8.0,
+            [],
+            {2: lammps_runs.LogFacts(7.0, "exchange")},
+            1e-10,
+        )
+        == []
+    )
 
 
 def test_difference_names_the_worst_atom():
@@ -286,10 +310,10 @@ def test_difference_names_the_worst_atom():
     ref = np.array([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, -4.0]])
     got = ref.copy()
     got[1, 2] += 1e-6
-    row = cli.difference(2, "forces", got, ref, ids)
-    assert row == cli.Row(2, "forces", pytest.approx(1e-6), pytest.approx(2.5e-7), 7)
+    row = judge.difference(2, "forces", got, ref, ids)
+    assert row == judge.Row(2, "forces", pytest.approx(1e-6), pytest.approx(2.5e-7), 7)
     got[2, 0] = np.nan
-    row = cli.difference(2, "forces", got, ref, ids)
+    row = judge.difference(2, "forces", got, ref, ids)
     assert row.worst_id == 9 and not row.within(1.0)
 
 

@@ -290,7 +290,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from .validate import build_lattice, element_masses, parse_lattice
+    from ..tools.structures import build_lattice, element_masses, parse_lattice
 
     try:
         config = read_bench_config(args.config)

@@ -67,6 +67,7 @@ def check_model_file(potential: Potential, path: Path) -> None:
     import torch
 
     from .._model_file import load_model
+    from ..contract import LocalGraph
     from ..engine import evaluate
 
     reloaded = load_model(path)
@@ -91,11 +92,11 @@ def check_model_file(potential: Potential, path: Path) -> None:
         system = {
             "positions": x,
             "cell": side * torch.eye(3, dtype=torch.float64),
-            "pbc": getattr(potential, "periodicity", (True, True, True)),
+            "pbc": potential.periodicity,
             "charges": 1.0 - 2.0 * (torch.arange(count, dtype=torch.float64) % 2),
         }
-    a = evaluate(potential, count, species, pair_i, pair_j, rij, **system)
-    b = evaluate(reloaded, count, species, pair_i, pair_j, rij, **system)
+    graph = LocalGraph(count, species, pair_i, pair_j, rij, **system)
+    a, b = evaluate(potential, graph), evaluate(reloaded, graph)
     same = torch.equal(a.atom_energies, b.atom_energies) and torch.equal(
         a.pair_forces, b.pair_forces
     )

@@ -18,14 +18,14 @@ derivatives), which call the step's real communication on the unpadded rows.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from typing import Any
 
 import torch
 
-from ..contract import Comm, LocalGraph
-from ..potentials import Potential
+from ..contract import Comm, LocalGraph, Potential
 
 #: ``torch.compile`` modes a pair style may ask for (``pair_style nvalchemi ... compile M``)
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -131,6 +131,8 @@ class CompiledPotential(Potential):
         self.inner = potential.prepare_compile()
         self.name = potential.name
         self.spec = potential.spec
+        self.system_state = potential.system_state
+        self.periodicity = potential.periodicity
         self.mode = mode
         self.headroom = float(headroom)
         self.atom_capacity = 0
@@ -159,6 +161,9 @@ class CompiledPotential(Potential):
     def config(self) -> dict[str, Any]:
         return self.inner.config()
 
+    def check_system_state(self, spin: int | None, task: str | None) -> None:
+        self.inner.check_system_state(spin, task)
+
     def forward(self, graph: LocalGraph) -> torch.Tensor:
         ntotal, npairs = graph.ntotal, graph.npairs
         if ntotal >= self.atom_capacity:
@@ -169,20 +174,15 @@ class CompiledPotential(Potential):
         padding = graph.pair_i.new_full((pairs - npairs,), ntotal)
         far = graph.rij.new_zeros(pairs - npairs, 3)
         far[:, 0] = 2.0 * self.spec.cutoff + 1.0
-        padded = LocalGraph(
-            nlocal=graph.nlocal,
+        padded = dataclasses.replace(
+            graph,
             species=_padded(graph.species, atoms, -1),
             pair_i=torch.cat((graph.pair_i, padding)),
             pair_j=torch.cat((graph.pair_j, padding)),
             rij=torch.cat((graph.rij, far)),
             comm=self._comm,
             positions=None if graph.positions is None else _padded(graph.positions, atoms, 0),
-            cell=graph.cell,
-            pbc=graph.pbc,
             charges=None if graph.charges is None else _padded(graph.charges, atoms, 0),
-            total_charge=graph.total_charge,
-            spin=graph.spin,
-            task=graph.task,
         )
         _Active.comm, _Active.ntotal = graph.comm, ntotal
         with warnings.catch_warnings():
@@ -201,30 +201,11 @@ class CompiledPotential(Potential):
 def compile_potential(
     potential: Potential, mode: str = "default", headroom: float = 0.2
 ) -> Potential:
-    """``potential`` under ``torch.compile`` on padded graphs, a drop-in for it.
-
-    A potential is wrapped in a :class:`CompiledPotential`. A pipeline is compiled term by
-    term: it picks each term's pairs by their length, which no fixed-shape graph can do, so
-    that selection runs eagerly between compiled terms. Its terms without compile support
-    run eagerly too, and so does a term whose predicted charges feed another (the compiled
-    wrapper returns energies only).
+    """``potential`` under ``torch.compile`` on padded graphs, a drop-in for it: wrapped in
+    a :class:`CompiledPotential`, or, for a potential made of parts (a pipeline), the parts
+    that can be (:meth:`Potential.compiled <nvalchemi_lammps.contract.Potential.compiled>`).
 
     :raises ValueError: an unknown mode, or nothing in ``potential`` can be compiled
     """
-    from ..potentials.pipeline import Pipeline
-
     _check_mode(mode)
-    if not isinstance(potential, Pipeline):
-        return CompiledPotential(potential, mode, headroom)
-    terms = []
-    for k, term in enumerate(potential.terms):
-        if k not in potential.charges_from:
-            try:
-                term = CompiledPotential(term, mode, headroom)
-            except ValueError:  # prepare_compile's refusal: this term stays eager
-                pass
-        terms.append(term)
-    if not any(isinstance(t, CompiledPotential) for t in terms):
-        names = ", ".join(t.name for t in terms)
-        raise ValueError(f"no term of this pipeline can be compiled ({names})")
-    return Pipeline(terms, potential.charges_from)
+    return potential.compiled(lambda part: CompiledPotential(part, mode, headroom))

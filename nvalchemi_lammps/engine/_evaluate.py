@@ -1,12 +1,12 @@
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 
-from ..contract import Comm, LocalGraph, NoOpComm
-from ..potentials import Potential
+from ..contract import LocalGraph, Potential
 
 
 @dataclass(frozen=True)
@@ -55,34 +55,21 @@ def potential_device(potential: Potential) -> torch.device:
     return torch.device("cpu")
 
 
-def evaluate(
-    potential: Potential,
-    nlocal: int,
-    species: torch.Tensor,
-    pair_i: torch.Tensor,
-    pair_j: torch.Tensor,
-    rij: torch.Tensor,
-    comm: Comm | None = None,
-    positions: torch.Tensor | None = None,
-    cell: torch.Tensor | None = None,
-    pbc: tuple[bool, bool, bool] | None = None,
-    charges: torch.Tensor | None = None,
-    total_charge: float = 0.0,
-    spin: int | None = None,
-    task: str | None = None,
-) -> Evaluation:
+def evaluate(potential: Potential, graph: LocalGraph) -> Evaluation:
     """Run ``potential`` on one rank's graph and differentiate its owned energy.
 
-    ``rij`` is float64 as LAMMPS stores positions. It is cast to the potential's dtype here
-    and nowhere else, so gradients come back in float64 whatever the potential computes in.
-    Every rank runs the same forward and backward, also with zero atoms or pairs, because a
-    potential may issue collectives in both.
+    The front door fills ``graph`` as LAMMPS stores it: ``rij`` (and ``positions``,
+    ``cell``) in float64, on any device. They are moved to the potential's device and cast
+    to its dtype here and nowhere else, so gradients come back in float64 whatever the
+    potential computes in. Every rank runs the same forward and backward, also with zero
+    atoms or pairs, because a potential may issue collectives (``graph.comm``) in both.
 
-    A potential whose spec ``needs_positions`` also gets ``positions`` (float64, owned and
-    ghost rows), ``cell``, ``pbc`` and ``charges`` (if any); it is differentiated with
-    respect to positions and cell too. ``total_charge``, ``spin`` and ``task`` describe the
-    whole system (the same on every rank).
+    A potential whose spec ``needs_positions`` also gets ``positions`` (owned and ghost
+    rows), ``cell``, ``pbc`` and ``charges`` (if any); it is differentiated with respect to
+    positions and cell too. Any other potential sees none of them. ``total_charge``,
+    ``spin`` and ``task`` describe the whole system (the same on every rank).
     """
+    rij, pair_i, pair_j, nlocal = graph.rij, graph.pair_i, graph.pair_j, graph.nlocal
     if rij.dtype != torch.float64:
         raise TypeError(f"pair vectors must be float64, got {rij.dtype}")
     # one sum sees any NaN or infinity (pair vectors cannot overflow it); the per-element
@@ -98,32 +85,29 @@ def evaluate(
     device = potential_device(potential)
     leaf = rij.detach().to(device, non_blocking=True).requires_grad_(True)
     leaves = [leaf]
-    system = {}
+    system = {"positions": None, "cell": None, "pbc": None, "charges": None}
     if spec.needs_positions:
-        if positions is None or cell is None or pbc is None:
+        if graph.positions is None or graph.cell is None or graph.pbc is None:
             raise ValueError(
                 f"potential '{potential.name}' needs positions, cell and periodicity, which "
                 "this front door does not provide"
             )
-        position_leaf = positions.detach().to(device, torch.float64).requires_grad_(True)
-        cell_leaf = cell.detach().to(device, torch.float64).requires_grad_(True)
+        position_leaf = graph.positions.detach().to(device, torch.float64).requires_grad_(True)
+        cell_leaf = graph.cell.detach().to(device, torch.float64).requires_grad_(True)
         leaves += [position_leaf, cell_leaf]
         system = {
             "positions": position_leaf.to(dtype),
             "cell": cell_leaf.to(dtype),
-            "pbc": tuple(bool(p) for p in pbc),
-            "charges": None if charges is None else charges.to(device, dtype),
+            "pbc": tuple(bool(p) for p in graph.pbc),
+            "charges": None if graph.charges is None else graph.charges.to(device, dtype),
         }
-    graph = LocalGraph(
-        nlocal=nlocal,
-        species=species.to(device, non_blocking=True),
+    graph = dataclasses.replace(
+        graph,
+        species=graph.species.to(device, non_blocking=True),
         pair_i=pair_i.to(device, non_blocking=True),
         pair_j=pair_j.to(device, non_blocking=True),
         rij=leaf.to(dtype),
-        comm=comm or NoOpComm(),
-        total_charge=float(total_charge),
-        spin=spin,
-        task=task,
+        total_charge=float(graph.total_charge),
         **system,
     )
     if not spec.needs_positions:

@@ -16,6 +16,7 @@ model's own precision (the exchanges copy values, so this is exact).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,19 @@ class ExchangePlan:
     remote: bool
 
 
+def _clocked(operation: Any, timings: dict[str, float]) -> Any:
+    """``operation``, adding its wall time to ``timings["collectives"]``."""
+
+    def clocked(src: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        try:
+            return operation(src)
+        finally:
+            timings["collectives"] = timings.get("collectives", 0.0) + time.perf_counter() - start
+
+    return clocked
+
+
 class LammpsComm(Comm):
     """Collectives of one ``pair_style nvalchemi`` compute call.
 
@@ -68,6 +82,9 @@ class LammpsComm(Comm):
     :param plan: the pair style's exchange plan, or ``None``: every row through LAMMPS's
         own forward and reverse communication, staged in float64
     :param buffer: ``buffer(name, shape, dtype)``, a reusable (pinned, for a GPU) host tensor
+    :param timings: where to add the seconds spent in collectives (``"collectives"``), or
+        ``None`` (:attr:`PluginSession.timings <nvalchemi_lammps.frontends.plugin.
+        PluginSession.timings>`)
     """
 
     def __init__(
@@ -76,11 +93,16 @@ class LammpsComm(Comm):
         exchange: bool = True,
         plan: ExchangePlan | None = None,
         buffer: Any = None,
+        timings: dict[str, float] | None = None,
     ) -> None:
         self.collectives = collectives
         self.exchange = exchange
         self.plan = plan
         self.buffer = buffer
+        if timings is not None:  # both directions: each is the other's adjoint
+            self._forward, self._reverse, self._sum = (
+                _clocked(op, timings) for op in (self._forward, self._reverse, self._sum)
+            )
 
     def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
         return with_adjoint(src, self._forward, self._reverse) if self.exchange else src

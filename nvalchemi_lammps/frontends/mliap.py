@@ -18,10 +18,9 @@ from typing import Any
 
 import torch
 
-from .._model_file import load_model, model_record, potential_from_record
-from ..contract import Comm, with_adjoint
+from .._model_file import PickledRecord, load_model, model_record, potential_from_record
+from ..contract import Comm, LocalGraph, Potential, with_adjoint
 from ..engine import Evaluation, evaluate, potential_device
-from ..potentials import Potential
 
 #: ML-IAP lists pairs closer than ``2 * rcutfac``: ``MLIAPDummyDescriptor::init``
 #: (src/ML-IAP/mliap_unified.cpp, and src/KOKKOS/mliap_unified_kokkos.cpp) sets every element
@@ -158,12 +157,10 @@ class MliapComm(Comm):
         )
 
 
-def _read(
-    data: Any, fallback: torch.device
-) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(nlocal, species, pair_i, pair_j, rij)`` from ML-IAP's arrays, without copying
-    (indices widened to int64 on their own device). ML-IAP's Cython views cannot have zero
-    length (they raise), so empty arrays are made here instead of read."""
+def _read(data: Any, fallback: torch.device, comm: Comm) -> LocalGraph:
+    """The graph of ML-IAP's arrays, without copying (indices widened to int64 on their own
+    device). ML-IAP's Cython views cannot have zero length (they raise), so empty arrays are
+    made here instead of read."""
     ntotal, npairs = int(data.ntotal), int(data.npairs)
     # LAMMPS before the nlocal field (late 2023) lists every owned atom
     nlocal = int(getattr(data, "nlocal", data.nlistatoms))
@@ -180,7 +177,7 @@ def _read(
 
     if rij is None:
         rij = torch.zeros((0, 3), dtype=torch.float64, device=device)
-    return nlocal, index(elems), index(pair_i), index(pair_j), rij
+    return LocalGraph(nlocal, index(elems), index(pair_i), index(pair_j), rij, comm)
 
 
 def _write(data: Any, result: Evaluation, kokkos: bool) -> torch.Tensor | None:
@@ -207,10 +204,11 @@ def _write(data: Any, result: Evaluation, kokkos: bool) -> torch.Tensor | None:
 class MLIAPModel(MLIAPUnified):
     """A potential as an ML-IAP unified model (``pair_style mliap unified model.pt 0``).
 
-    Pickles as ``MLIAPModel(record)`` with the model file's plain-data record (CPU
+    Pickles as ``mliap_model(record)`` with the model file's plain-data record (CPU
     tensors), which is what :func:`~nvalchemi_lammps.save_model` writes.
 
-    :param record: a model file's record (``_model_file.model_record``)
+    :param record: a model file's record (``_model_file.model_record``); version-2 files
+        call this class with it
     """
 
     def __init__(self, record: dict[str, Any]) -> None:
@@ -238,8 +236,8 @@ class MLIAPModel(MLIAPUnified):
         self._in_flight: torch.Tensor | None = None
         self._evaluations = 0  # compute_forces calls, for the messages
 
-    def __reduce__(self) -> tuple[type, tuple[dict[str, Any]]]:
-        return (MLIAPModel, (model_record(self.potential),))
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        return PickledRecord(model_record(self.potential)).__reduce__()
 
     def compute_descriptors(self, data: Any) -> None:
         """Nothing: the model has no descriptors."""
@@ -268,20 +266,17 @@ class MLIAPModel(MLIAPUnified):
             raise error from (None if error is err else err)
 
     def _compute_forces(self, data: Any) -> None:
-        comm = self._comm(data)
-        nlocal, species, pair_i, pair_j, rij = _read(data, potential_device(self.potential))
+        graph = _read(data, potential_device(self.potential), self._comm(data))
         self._in_flight = None  # _read waited for Kokkos, which is done reading it
-        if potential_device(self.potential) != rij.device:
-            self.potential.to(rij.device)
+        if potential_device(self.potential) != graph.rij.device:
+            self.potential.to(graph.rij.device)
         with torch.enable_grad():
-            result = evaluate(self.potential, nlocal, species, pair_i, pair_j, rij, comm)
+            result = evaluate(self.potential, graph)
         if not result.finite:  # read with the energy: no extra host sync
-            raise FloatingPointError(self._non_finite(result, pair_i, pair_j, rij))
+            raise FloatingPointError(self._non_finite(result, graph))
         self._in_flight = _write(data, result, kokkos=hasattr(data, "update_pair_forces_gpu"))
 
-    def _non_finite(
-        self, result: Evaluation, pair_i: torch.Tensor, pair_j: torch.Tensor, rij: torch.Tensor
-    ) -> str:
+    def _non_finite(self, result: Evaluation, graph: LocalGraph) -> str:
         """What to say about a non-finite result (only then computed). ML-IAP hands a model
         neither atom IDs nor the step: atoms are rows of this rank's ML-IAP arrays."""
         where = (
@@ -289,7 +284,8 @@ class MLIAPModel(MLIAPUnified):
             "rank (ML-IAP gives a model neither the step nor atom IDs; pair_style nvalchemi "
             "names both)"
         )
-        same = (rij == 0).all(dim=1).nonzero()[:, 0]
+        pair_i, pair_j = graph.pair_i, graph.pair_j
+        same = (graph.rij == 0).all(dim=1).nonzero()[:, 0]
         if same.numel():
             k = int(same[0])
             return (

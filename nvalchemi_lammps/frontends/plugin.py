@@ -8,18 +8,34 @@ neighbor-list builds is copied to the model's device).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
 import warnings
+import weakref
+from pathlib import Path
 
 import torch
 
 from .._elements import map_elements
 from .._model_file import ModelFileWarning, open_model
 from .._torch_blas import blas_library
+from ..contract import REPORT_ENV, LocalGraph, resolve_strategy
 from ..engine import CompiledPotential, Evaluation, compile_potential, evaluate
 from ._lammps_comm import ExchangePlan, LammpsComm
+from ._step import STEP_PROTOCOL, StepRecord, StepResult
+
+# LammpsComm: the plugin's collectives, for tests that simulate ranks in one process
+__all__ = [
+    "STEP_PROTOCOL",
+    "LammpsComm",
+    "PluginSession",
+    "StepRecord",
+    "StepResult",
+    "open_session",
+    "opened_sessions",
+]
 
 
 def _tensor(buffer: memoryview, dtype: torch.dtype, *shape: int) -> torch.Tensor:
@@ -50,8 +66,6 @@ class PluginSession:
         self.elements = list(spec.elements)
         self.layers = int(spec.layers)
         self.needs_positions = bool(spec.needs_positions)
-        self.strategy = "local"
-        self.uses_exchange = False
         self.set_strategy("auto")
         self.total_charge = 0.0
         self.spin: int | None = None
@@ -63,7 +77,10 @@ class PluginSession:
         self._species: torch.Tensor | None = None
         self._plan: ExchangePlan | None = None
         self._pair_i = self._pair_j = torch.empty(0, dtype=torch.int64)
-        # seconds per phase of compute, CUDA-synchronized, when a benchmark sets a dict
+        #: Seconds per phase of :meth:`compute` (``topology``, ``positions``, ``filter``,
+        #: ``model``, ``forces``; CUDA-synchronized at each mark) and inside collectives
+        #: (``collectives``, part of ``model``), added up while a benchmark sets a dict here:
+        #: the public timing hook (:func:`opened_sessions` finds the session).
         self.timings: dict[str, float] | None = None
         # LAMMPS's own thread count per rank (OMP_NUM_THREADS / -pk omp); torch's default
         # of one thread per core oversubscribes the cores shared by several ranks.
@@ -78,23 +95,17 @@ class PluginSession:
         )
 
     def set_strategy(self, strategy: str) -> None:
-        """How ghosts reach past one cutoff (``pair_style ... strategy exchange|shell|auto``).
-
-        A strictly local model (one layer) needs neither and ignores the choice.
-        """
-        supported = self.potential.spec.strategies
-        if self.layers == 1:
-            self.strategy = "local"
-        elif strategy == "auto":
-            self.strategy = supported[0]
-        elif strategy in supported:
-            self.strategy = strategy
-        else:
-            raise ValueError(
-                f"the {self.potential.name} model does not support strategy {strategy} "
-                f"(it supports: {', '.join(supported)})"
-            )
-        self.uses_exchange = self.strategy == "exchange"
+        """How ghosts reach past one cutoff (``pair_style ... strategy exchange|shell|auto``),
+        decided here once (:func:`~nvalchemi_lammps.contract.resolve_strategy`): the pair
+        style reads ``strategy`` back, and the decision is reported where
+        :data:`~nvalchemi_lammps.contract.REPORT_ENV` says."""
+        decision = resolve_strategy(self.potential.spec, strategy, self.potential.name)
+        self.strategy = decision.name
+        self.uses_exchange = decision.exchange
+        self.ghost_cutoff = decision.ghost_cutoff
+        folder = os.environ.get(REPORT_ENV)
+        if folder:
+            _write_json(Path(folder) / f"strategy-{os.getpid()}.json", decision.to_dict())
 
     def set_system_state(self, charge: float, spin: int, task: str) -> None:
         """The whole system's net charge, spin multiplicity and task (``pair_style ...
@@ -103,13 +114,7 @@ class PluginSession:
         the model cannot take is refused here, before the run."""
         spin_given = None if spin < 0 else int(spin)
         task_given = task or None
-        check = getattr(self.potential, "check_system_state", None)
-        if check is not None:
-            check(spin=spin_given, task=task_given)
-        else:
-            for keyword, value in (("spin", spin_given), ("task", task_given)):
-                if value is not None:
-                    raise ValueError(f"the {self.potential.name} model takes no {keyword}")
+        self.potential.check_system_state(spin=spin_given, task=task_given)
         self.total_charge, self.spin, self.task = float(charge), spin_given, task_given
 
     def set_compile(self, mode: str) -> str:
@@ -120,8 +125,8 @@ class PluginSession:
             return ""
         self.potential = compile_potential(self.potential, mode)
         compiled = ", ".join(m.name for m in self._compiled())
-        terms = getattr(self.potential, "terms", ())  # a pipeline's
-        eager = [t.name for t in terms if not isinstance(t, CompiledPotential)]
+        parts = self.potential.parts()  # a pipeline's terms
+        eager = [t.name for t in parts if not isinstance(t, CompiledPotential)]
         return f"torch.compile ({mode}): {compiled}" + (
             f"; eager: {', '.join(eager)}" if eager else ""
         )
@@ -144,45 +149,23 @@ class PluginSession:
     def map_types(self, names: list[str]) -> list[int]:
         return map_elements(names, self.potential.spec.elements)
 
-    def compute(
-        self,
-        nlocal: int,
-        positions: memoryview,
-        topology: tuple | None,
-        pairs: tuple,
-        filtered: bool,
-        want_pairs: bool,
-        atom_energies_out: memoryview,
-        atom_forces_out: memoryview,
-        collectives: object,
-        system: tuple | None = None,
-        virial_out: memoryview | None = None,
-    ) -> tuple[float, int, bool]:
-        """One step on one rank (see ``PythonSession::Step`` in python_bridge.h).
-
-        ``topology`` = ``(species, plan or None, npairs)`` when LAMMPS rebuilt its list (on
-        the host: every step), else ``None``, with the exchange plan ``(owner, send_rows,
-        nrecv, remote)`` (see :class:`ExchangePlan`); ``pairs`` = ``(pair_i, pair_j, rij,
-        pair_forces)`` slots; ``system`` = ``(charges or None, cell, (px, py, pz))`` only
-        for a model that ``needs_positions``. Returns the energy (NaN when any energy or
-        force is not finite: the pair style then finds the atoms), how many pairs were
-        written back into the slots and whether ``atom_forces_out`` was written.
-        """
-        ntotal = positions.nbytes // 24
-        pair_i_out, pair_j_out, rij_out, pair_forces_out = pairs
+    def compute(self, step: StepRecord) -> StepResult:
+        """One step on one rank: the pair style's :class:`StepRecord` in, the energy and
+        what was written back out."""
+        nlocal, ntotal, filtered = step.nlocal, step.ntotal, step.filtered
+        pair_i_out, pair_j_out, rij_out = step.pair_i, step.pair_j, step.rij
         phase = _Phases(self.device, self.timings)
-        if topology is not None:
-            species, plan, npairs = topology
-            self._species = self._stage.upload(_tensor(species, torch.int64, ntotal))
+        if step.species is not None:
+            npairs = step.npairs
+            self._species = self._stage.upload(_tensor(step.species, torch.int64, ntotal))
             self._plan = None
-            if plan is not None:
-                owner, send_rows, nrecv, remote = plan
+            if step.owner is not None:
                 self._plan = ExchangePlan(
                     nlocal,
-                    self._stage.upload(_tensor(owner, torch.int64, ntotal)),
-                    self._stage.upload(_tensor(send_rows, torch.int64, send_rows.nbytes // 8)),
-                    nrecv,
-                    remote,
+                    self._stage.upload(_tensor(step.owner, torch.int64, ntotal)),
+                    self._stage.upload(_tensor(step.send_rows, torch.int64, step.nsend)),
+                    step.nrecv,
+                    step.remote,
                 )
             if filtered:  # this step's pairs, not kept
                 self._pair_i = _tensor(pair_i_out, torch.int64, npairs)
@@ -194,7 +177,7 @@ class PluginSession:
         if self._species is None or self._species.shape[0] != ntotal:
             raise RuntimeError("the pair style sent positions without a topology")
         phase("topology")
-        x = self._stage.upload(_tensor(positions, torch.float64, ntotal, 3), "positions")
+        x = self._stage.upload(_tensor(step.positions, torch.float64, ntotal, 3), "positions")
         phase("positions")
         pair_i, pair_j = self._pair_i, self._pair_j
         if filtered:
@@ -203,45 +186,51 @@ class PluginSession:
             pair_i, pair_j, rij = _within_cutoff(x, pair_i, pair_j, self.cutoff)
         phase("filter")
         inputs = {}
-        if system is not None:
-            charges, cell, pbc = system
+        if step.cell is not None:
+            charges = step.charges
             inputs = {
                 "positions": x,
                 "charges": None
                 if charges is None
                 else self._stage.upload(_tensor(charges, torch.float64, ntotal), "charges"),
-                "cell": _tensor(cell, torch.float64, 3, 3),
-                "pbc": tuple(bool(p) for p in pbc),
+                "cell": _tensor(step.cell, torch.float64, 3, 3),
+                "pbc": tuple(bool(p) for p in step.periodic),
             }
-        result = evaluate(
-            self.potential,
+        graph = LocalGraph(
             nlocal,
             self._species,
             pair_i,
             pair_j,
             rij,
-            LammpsComm(collectives, self.uses_exchange, plan=self._plan, buffer=self._stage.buffer),
+            LammpsComm(
+                step.collectives,
+                self.uses_exchange,
+                plan=self._plan,
+                buffer=self._stage.buffer,
+                timings=self.timings,
+            ),
             total_charge=self.total_charge,
             spin=self.spin,
             task=self.task,
             **inputs,
         )
+        result = evaluate(self.potential, graph)
         phase("model")
         self._stage.download(
-            result.atom_energies, _tensor(atom_energies_out, torch.float64, nlocal)
+            result.atom_energies, _tensor(step.atom_energies, torch.float64, nlocal)
         )
-        if system is not None:
-            _tensor(virial_out, torch.float64, 6).copy_(result.virial)
+        if step.cell is not None:
+            _tensor(step.virial, torch.float64, 6).copy_(result.virial)
         npairs = int(pair_i.shape[0])
-        if filtered or want_pairs:
+        if filtered or step.want_pairs:
             if not filtered:
                 _tensor(pair_i_out, torch.int64, npairs).copy_(pair_i)
                 _tensor(pair_j_out, torch.int64, npairs).copy_(pair_j)
                 _tensor(rij_out, torch.float64, npairs, 3).copy_(rij)
-            forces = _tensor(pair_forces_out, torch.float64, npairs, 3)
+            forces = _tensor(step.pair_forces, torch.float64, npairs, 3)
             self._stage.download(result.pair_forces, forces)
             if result.atom_forces is None:
-                return _energy(result), npairs, False
+                return StepResult(_energy(result), npairs, False)
             atom_forces = result.atom_forces
         else:
             # one row per atom instead of one per pair crosses back to the host
@@ -251,14 +240,21 @@ class PluginSession:
             if result.atom_forces is not None:
                 atom_forces += result.atom_forces
             npairs = 0
-        self._stage.download(atom_forces, _tensor(atom_forces_out, torch.float64, ntotal, 3))
+        self._stage.download(atom_forces, _tensor(step.atom_forces, torch.float64, ntotal, 3))
         phase("forces")
-        return _energy(result), npairs, True
+        return StepResult(_energy(result), npairs, True)
 
 
 def _energy(result: Evaluation) -> float:
     """The energy for the pair style, NaN when any energy or force is not finite."""
     return result.energy if result.finite else math.nan
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """``data`` to ``path`` whole or not at all (a reader never sees half a file)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(data))
+    partial.replace(path)
 
 
 def _blas_name() -> str:
@@ -366,7 +362,20 @@ def _select_device(device: str, local_rank: int) -> torch.device:
     return torch.device(device)
 
 
+_OPENED: list[weakref.ref[PluginSession]] = []
+
+
 def open_session(
     path: str, num_threads: int, device: str = "cpu", local_rank: int = 0
 ) -> PluginSession:
-    return PluginSession(path, num_threads, device, local_rank)
+    """The pair style's entry point: one session per ``pair_style nvalchemi`` command."""
+    session = PluginSession(path, num_threads, device, local_rank)
+    _OPENED.append(weakref.ref(session))
+    return session
+
+
+def opened_sessions() -> list[PluginSession]:
+    """The sessions the pair style opened in this process and still holds, oldest first:
+    for tools that drive LAMMPS in this interpreter and read a session's :attr:`timings
+    <PluginSession.timings>` or :meth:`~PluginSession.compile_status`."""
+    return [s for s in (ref() for ref in _OPENED) if s is not None]

@@ -329,6 +329,8 @@ class AIMNet2(Potential):
     def forward(self, graph: LocalGraph) -> torch.Tensor:
         return self.outputs(graph)["energies"]
 
+    predicts = ("energies", "charges")
+
     def outputs(self, graph: LocalGraph) -> dict[str, torch.Tensor]:
         """Per-atom ``energies`` and ``charges`` (both ``(ntotal,)``) of every row.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,7 +33,7 @@ class Pipeline(Potential):
 
     :param terms: the potentials, evaluated in this order
     :param charges_from: per term, the index of an earlier term whose predicted charges it
-        reads (that term must have ``outputs(graph)`` with ``"charges"``), or ``None`` for
+        reads (that term must predict ``"charges"``), or ``None`` for
         LAMMPS's per-atom charges
     """
 
@@ -66,7 +67,7 @@ class Pipeline(Potential):
                         f"pipeline term {k} ({term.name}) takes charges from term {source}; "
                         "it must be an earlier term"
                     )
-                if not callable(getattr(terms[source], "outputs", None)):
+                if "charges" not in terms[source].predicts:
                     raise ValueError(
                         f"pipeline term {source} ({terms[source].name}) predicts no charges "
                         f"for term {k} ({term.name})"
@@ -81,19 +82,45 @@ class Pipeline(Potential):
 
     @property
     def periodicity(self) -> tuple[bool, bool, bool]:
-        """The box the terms run in: periodic where every term that says is."""
-        axes = [getattr(t, "periodicity", (True, True, True)) for t in self.terms]
-        return tuple(all(a[d] for a in axes) for d in range(3))
+        """The box the terms run in: periodic where every term is."""
+        return tuple(all(t.periodicity[d] for t in self.terms) for d in range(3))
+
+    @property
+    def system_state(self) -> tuple[str, ...]:
+        """What any term takes of ``spin`` and ``task``."""
+        return tuple(k for k in ("spin", "task") if any(k in t.system_state for t in self.terms))
 
     def check_system_state(self, spin: int | None, task: str | None) -> None:
         """A spin or task from the input script goes to the terms that take them; refused if
         none does."""
-        takers = [t for t in self.terms if hasattr(t, "check_system_state")]
+        takers = [t for t in self.terms if t.system_state]
         for keyword, value in (("spin", spin), ("task", task)):
             if value is not None and not takers:
                 raise ValueError(f"no term of this pipeline takes a {keyword}")
         for term in takers:
             term.check_system_state(spin=spin, task=task)
+
+    def parts(self) -> list[Potential]:
+        return list(self.terms)
+
+    def compiled(self, wrap: Callable[[Potential], Potential]) -> Pipeline:
+        """Compiled term by term: the pipeline picks each term's pairs by their length,
+        which no fixed-shape graph can do, so that selection runs eagerly between compiled
+        terms. Terms that ``wrap`` refuses (no compile support) run eagerly too, and so
+        does a term whose predicted charges feed another (a compiled term returns energies
+        only)."""
+        terms = []
+        for k, term in enumerate(self.terms):
+            if k not in self.charges_from:
+                try:
+                    term = wrap(term)
+                except ValueError:  # prepare_compile's refusal: this term stays eager
+                    pass
+            terms.append(term)
+        if all(new is old for new, old in zip(terms, self.terms)):
+            names = ", ".join(t.name for t in terms)
+            raise ValueError(f"no term of this pipeline can be compiled ({names})")
+        return Pipeline(terms, self.charges_from)
 
     def config(self) -> dict[str, Any]:
         return {

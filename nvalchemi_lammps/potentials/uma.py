@@ -217,6 +217,8 @@ class Uma(Potential):
     def config(self) -> dict[str, Any]:
         return copy.deepcopy(self._config)
 
+    system_state = ("spin", "task")
+
     def check_system_state(self, spin: int | None, task: str | None) -> None:
         """Refuse a spin or task given in the input script (``pair_style ... spin S task
         NAME``) that this model cannot take; ``None``: the model's own."""

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _pipeline_terms import ELEMENTS, system, terms
 from lammps_helpers import NPROCS, PRESSURE, assert_matches_reference, print_results
-from test_pipeline import ELEMENTS, system, terms
 
 from nvalchemi_lammps import Pipeline
 from nvalchemi_lammps.cli import main as cli_main

@@ -1,0 +1,123 @@
+"""The interface every potential implements, with every hook a front door, the engine or a
+pipeline may call declared here with its default: nothing outside ``contract`` asks a
+potential whether it has a method."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ._graph import LocalGraph
+from ._spec import ModelSpec
+
+
+class Potential(torch.nn.Module):
+    """Base class of every potential.
+
+    A subclass sets ``name`` (the key written to model files), keeps a :class:`ModelSpec`
+    in ``self.spec``, and implements:
+
+    - ``forward(graph) -> energies``: ``(ntotal,)`` per-atom energies in ``spec.dtype``; the
+      engine sums rows ``[0, nlocal)`` only, so ghost rows may hold anything finite;
+    - ``config() -> dict``: JSON-serialisable constructor arguments, so that
+      ``type(p).from_config(p.config())`` rebuilds the same potential (weights come back
+      through ``state_dict``).
+
+    Everything else below has a default that fits a plain potential.
+    """
+
+    name: str = ""
+    spec: ModelSpec
+    #: What :meth:`outputs` returns: ``energies``, and ``charges`` for a potential that
+    #: predicts them (a pipeline term may read another's predicted charges).
+    predicts: tuple[str, ...] = ("energies",)
+    #: Which of the whole system's ``spin`` and ``task`` (``pair_style nvalchemi ... spin S
+    #: task NAME``) the potential takes; :meth:`check_system_state` refuses the others.
+    system_state: tuple[str, ...] = ()
+    #: The box the potential runs in: periodic along each lattice direction, or not (a
+    #: slab). Only a potential whose spec ``needs_positions`` reads the cell.
+    periodicity: tuple[bool, bool, bool] = (True, True, True)
+
+    def forward(self, graph: LocalGraph) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def config(self) -> dict[str, Any]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Potential:
+        return cls(**config)
+
+    @classmethod
+    def from_export_config(cls, config: dict[str, Any]) -> Potential:
+        """The potential that ``nvalchemi-lammps export`` builds from a TOML table (without
+        its ``potential`` key). The default takes the constructor's arguments by name; a
+        potential made from something else (a checkpoint, a seed) overrides this.
+
+        :raises ValueError: unknown or missing keys, or values the potential rejects
+        """
+        parameters = inspect.signature(cls.__init__).parameters
+        allowed = [p for p in parameters if p != "self"]
+        unknown = sorted(set(config) - set(allowed))
+        if unknown:
+            raise ValueError(
+                f"unknown key(s) {', '.join(unknown)} for potential {cls.name} "
+                f"(allowed: potential, {', '.join(allowed)})"
+            )
+        required = [p for p in allowed if parameters[p].default is inspect.Parameter.empty]
+        missing = [p for p in required if p not in config]
+        if missing:
+            raise ValueError(f"potential {cls.name} needs key(s) {', '.join(missing)}")
+        return cls.from_config(config)
+
+    def outputs(self, graph: LocalGraph) -> dict[str, torch.Tensor]:
+        """Every per-atom quantity of :attr:`predicts`, ``(ntotal,)`` each, by name."""
+        return {"energies": self(graph)}
+
+    def check_system_state(self, spin: int | None, task: str | None) -> None:
+        """Refuse a spin or task (``None``: not given) the potential cannot take, before
+        the run. The default refuses any keyword not in :attr:`system_state`.
+
+        :raises ValueError: with what is wrong
+        """
+        for keyword, value in (("spin", spin), ("task", task)):
+            if value is not None and keyword not in self.system_state:
+                raise ValueError(f"the {self.name} model takes no {keyword}")
+
+    def pair_terms(self, graph: LocalGraph) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A pair potential's energy and derivative in closed form, which the engine then
+        uses instead of differentiating :meth:`forward` (the same energies): each pair's
+        share of its receiver's energy and ``(1/r) d(share)/dr``, so that the pair force is
+        ``fij = (1/r) d(share)/dr * rij``; both ``(npairs,)`` in ``spec.dtype``. ``None``
+        (the default): no closed form."""
+        return None
+
+    def prepare_compile(self) -> Potential:
+        """This potential (or an equal one) ready for ``torch.compile`` on padded graphs
+        (:class:`~nvalchemi_lammps.engine.CompiledPotential`).
+
+        A subclass that overrides this promises: atoms of species -1 and pairs longer than
+        the cutoff get zero energy and zero gradient (they pad graphs to fixed shapes); the
+        forward has no Python branch on tensor values and reads ``graph.nlocal`` only where
+        a change of it may recompile.
+
+        :raises ValueError: the potential cannot be compiled (the default)
+        """
+        raise ValueError(f"the {self.name} model cannot be compiled (no compile support)")
+
+    def parts(self) -> list[Potential]:
+        """The potentials evaluated one by one inside this one (a pipeline's terms); the
+        potential itself by default."""
+        return [self]
+
+    def compiled(self, wrap: Callable[[Potential], Potential]) -> Potential:
+        """This potential with what can be compiled wrapped by ``wrap`` (the engine's
+        compiler), a drop-in for it. The default wraps the whole potential; a potential
+        made of parts (a pipeline) wraps those it can.
+
+        :raises ValueError: nothing in this potential can be compiled
+        """
+        return wrap(self)

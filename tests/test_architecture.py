@@ -1,0 +1,117 @@
+"""The layering of docs/architecture.md, read from the package's import statements (also
+those inside functions): who may import whom, no import circle, no oversized CLI module."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import nvalchemi_lammps
+
+ROOT = Path(nvalchemi_lammps.__file__).parent
+PACKAGE = ROOT.name
+#: The largest a module of the command line may grow (lines).
+CLI_LINES = 450
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    return modules
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that ``name`` imports anywhere in its text."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target not in modules and "." in target:
+                target = target.rpartition(".")[0]
+            if target in modules and target != name:
+                found.add(target)
+    return found
+
+
+MODULES = _modules()
+GRAPH = {name: _imports(name, path, MODULES) for name, path in MODULES.items()}
+
+
+def _under(name: str, layer: str) -> bool:
+    full = f"{PACKAGE}.{layer}"
+    return name == full or name.startswith(full + ".")
+
+
+def _violations(importer: str, forbidden: list[str]) -> list[tuple[str, str]]:
+    return [
+        (name, target)
+        for name, targets in GRAPH.items()
+        if _under(name, importer)
+        for target in targets
+        if any(_under(target, f) for f in forbidden)
+    ]
+
+
+def test_layers_import_only_downwards():
+    assert (
+        _violations("contract", ["potentials", "engine", "frontends", "_model_file", "cli"]) == []
+    )
+    assert _violations("potentials", ["engine", "frontends", "_model_file", "cli", "tools"]) == []
+    assert _violations("engine", ["potentials", "frontends", "_model_file", "cli"]) == []
+    assert _violations("_model_file", ["frontends", "engine", "cli"]) == []
+    assert _violations("frontends", ["potentials", "cli", "tools"]) == []
+
+
+def test_front_door_internals_stay_inside_the_front_doors():
+    private = [f"{PACKAGE}.frontends._lammps_comm", f"{PACKAGE}.frontends._step"]
+    outside = [
+        (name, target)
+        for name, targets in GRAPH.items()
+        if not _under(name, "frontends")
+        for target in targets
+        if target in private
+    ]
+    assert outside == []
+
+
+def test_no_import_circle():
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), list(GRAPH[start])
+        while todo:
+            name = todo.pop()
+            if name == goal:
+                return True
+            if name not in seen:
+                seen.add(name)
+                todo.extend(GRAPH[name])
+        return False
+
+    # a package that imports its own submodules is no circle; anything else that comes back
+    # to where it started is
+    circles = [
+        (name, target)
+        for name, targets in GRAPH.items()
+        for target in targets
+        if not name.startswith(target + ".")
+        and reaches(target, name)
+        and not target.startswith(name + ".")
+    ]
+    assert circles == []
+
+
+def test_no_cli_module_is_oversized():
+    sizes = {path.name: len(path.read_text().splitlines()) for path in (ROOT / "cli").glob("*.py")}
+    assert {name: n for name, n in sizes.items() if n > CLI_LINES} == {}
