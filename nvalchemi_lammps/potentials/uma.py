@@ -147,7 +147,7 @@ def build_backbone(
     (a dataset mapping) fairchem's ``DatasetSpecificMoEWrapper`` around one: an expert per
     dataset. Built in ``dtype`` as fairchem's predict unit builds it: the constants computed
     at construction (the S2 grid, the coefficient mapping) then have that precision, not
-    float32's cast.
+    float32's cast; the random weights are drawn in float32 whatever ``dtype``.
 
     :raises ValueError: an unknown backbone, an option the backbone does not have, or one
         it refuses
@@ -168,24 +168,33 @@ def build_backbone(
         cls = escn_moe.eSCNMDMoeBackbone
     else:
         cls = escn_md.eSCNMDBackbone
-    default_dtype = torch.get_default_dtype()
-    try:
-        torch.set_default_dtype(dtype)
-        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
-            network = cls(**options)
-            if head_experts is None:
-                head = escn_md.MLP_EFS_Head(network)
-            else:
-                head = escn_moe.DatasetSpecificMoEWrapper(
+
+    def build(precision: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Module]:
+        default_dtype = torch.get_default_dtype()
+        try:
+            torch.set_default_dtype(precision)
+            with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+                network = cls(**options)
+                if head_experts is None:
+                    return network, escn_md.MLP_EFS_Head(network)
+                return network, escn_moe.DatasetSpecificMoEWrapper(
                     network,
                     "fairchem.core.models.uma.escn_md.MLP_EFS_Head",
                     head_kwargs={"wrap_property": False},
                     dataset_mapping=dict(head_experts),
                 )
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"UMA backbone configuration: {err}") from None
-    finally:
-        torch.set_default_dtype(default_dtype)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"UMA backbone configuration: {err}") from None
+        finally:
+            torch.set_default_dtype(default_dtype)
+
+    # weights drawn in float32 (as UMA is trained), then taken by a model built in dtype
+    network, head = build(torch.float32)
+    if dtype != torch.float32:
+        weights = (network.state_dict(), head.state_dict())
+        network, head = build(dtype)
+        network.load_state_dict(weights[0])
+        head.load_state_dict(weights[1])
     return network, head
 
 
