@@ -3,7 +3,9 @@ module imports nothing from fairchem; the functions do)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import warnings
 
 import numpy as np
 import torch
@@ -170,6 +172,18 @@ MOE_HEADS = {
 }
 
 
+@contextlib.contextmanager
+def _fairchem_quietly():
+    """fairchem scripts functions with ``torch.jit.script``, which torch deprecates (the
+    tests turn warnings into errors); its loaders warn about ``weights_only``, its expert
+    mixing that ``index_reduce`` is in beta."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated")
+        warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta")
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        yield
+
+
 def _task(name: str, prop: str, dataset: str, rmsd: float, mean: float, references) -> dict:
     spec = {"_target_": "fairchem.core.units.mlip_unit.mlip_unit.OutputSpec"}
     task = {
@@ -218,7 +232,7 @@ def write_moe_checkpoint(
     if model_id is not None:
         model_config["model_id"] = model_id
     rng = np.random.default_rng(seed)
-    with torch.random.fork_rng(devices=[]):
+    with _fairchem_quietly(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = hydra.utils.instantiate(copy.deepcopy(model_config))
     ema = torch.optim.swa_utils.AveragedModel(model)
@@ -249,7 +263,8 @@ def predict_unit(path, dtype=torch.float64):
     settings = InferenceSettings(
         base_precision_dtype=dtype, activation_checkpointing=False, merge_mole=False
     )
-    return MLIPPredictUnit(str(path), device="cpu", inference_settings=settings)
+    with _fairchem_quietly():
+        return MLIPPredictUnit(str(path), device="cpu", inference_settings=settings)
 
 
 def fairchem_predict(unit, system: System, task: str, charge: int = 0, spin: int = 0) -> dict:
@@ -266,7 +281,8 @@ def fairchem_predict(unit, system: System, task: str, charge: int = 0, spin: int
     )
     atoms.info.update(charge=charge, spin=spin)
     atoms.calc = FAIRChemCalculator(unit, task_name=task)
-    stress = atoms.get_stress(voigt=False)
+    with _fairchem_quietly():
+        stress = atoms.get_stress(voigt=False)
     return {
         "energy": float(atoms.get_potential_energy()),
         "forces": np.array(atoms.get_forces(), dtype=np.float64),

@@ -112,7 +112,10 @@ def _escn_md() -> Any:
 def _escn_moe() -> Any:
     """fairchem's ``escn_moe`` module (mixture-of-experts backbone and heads)."""
     _escn_md()
-    with without_warp_banner():
+    with without_warp_banner(), warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"`torch\.jit\.script` is deprecated", category=DeprecationWarning
+        )
         from fairchem.core.models.uma import escn_moe
     return escn_moe
 
