@@ -482,7 +482,7 @@ def test_checkpoint_model_file_and_export(checkpoints, tmp_path, capsys):
     config = tmp_path / "uma.toml"
     config.write_text(f'potential = "uma"\ncheckpoint = "{path}"\ntask = "omat"\n')
     out = tmp_path / "uma.pt"
-    assert main(["export", str(config), "-o", str(out)]) == 0
+    assert main(["export", str(config), "-o", str(out)]) == 0, capsys.readouterr()
     capsys.readouterr()
     loaded = load_model(out)
     assert loaded.spec.elements[:3] == ("H", "He", "Li") and len(loaded.spec.elements) == 99
