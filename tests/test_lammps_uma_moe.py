@@ -252,3 +252,29 @@ def test_uma_moe_nvt_and_evaporation(models, runs, nprocs):
     pe = read_results(output, "EVAPORATED")["pe"]
     label = f"uma-moe/evaporated/np{nprocs}"
     _against_predict_unit(label, atoms, pe, units["float64"], "omat", 0, 0, TOLERANCE)
+
+
+@pytest.mark.parametrize(
+    ("pair_commands", "message"),
+    [
+        (
+            "pair_style nvalchemi {model} task odac\npair_coeff * * H C O Cu",
+            "unknown UMA task 'odac' (this model's tasks: oc20, omat, omol)",
+        ),
+        ("pair_style nvalchemi {model}\npair_coeff * * H C O Fe", "Fe"),
+    ],
+    ids=["task", "element"],
+)
+def test_uma_moe_bad_input(models, tmp_path, pair_commands, message):
+    """A task the checkpoint has no head and normalization for, or an element the model was
+    not exported for: a LAMMPS error on both ranks naming it, no hang."""
+    paths, _ = models
+    data = write_lammps_data(
+        tmp_path / "system.data", SYSTEM.positions, SYSTEM.cell, SYSTEM.species + 1, MASSES
+    )
+    lines = ["units metal", "atom_style atomic", "processors 2 1 1", f"read_data {data.name}"]
+    lines += [pair_commands.format(model=paths["float64"]), "run 0"]
+    run = run_lammps("\n".join(lines) + "\n", 2, tmp_path, timeout=300)
+    assert run.returncode not in (0, -9), run.output[-3000:]
+    errors = "\n".join(line for line in run.output.splitlines() if "ERROR" in line)
+    assert message in errors, run.output[-3000:]
