@@ -261,7 +261,10 @@ def test_uma_moe_nvt_and_evaporation(models, runs, nprocs):
             "pair_style nvalchemi {model} task odac\npair_coeff * * H C O Cu",
             "unknown UMA task 'odac' (this model's tasks: oc20, omat, omol)",
         ),
-        ("pair_style nvalchemi {model}\npair_coeff * * H C O Fe", "Fe"),
+        (
+            "pair_style nvalchemi {model}\npair_coeff * * H C O Fe",
+            "element Fe not in model (H, C, O, Cu)",
+        ),
     ],
     ids=["task", "element"],
 )

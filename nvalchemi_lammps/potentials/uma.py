@@ -32,13 +32,24 @@ What differs from fairchem, and why:
 The system's net charge is ``graph.total_charge`` (``pair_style nvalchemi ... charge Q``),
 an integer from -100 to 100 as UMA embeds it. The spin multiplicity (0 for "not given", the
 value UMA's non-molecular tasks use; 1 for a singlet) and the task (one of the model's
-datasets, e.g. ``omat`` or ``omol``) are fixed when the model file is written.
+datasets, e.g. ``omat`` or ``omol``) are set when the model file is written, and
+``pair_style ... spin S task NAME`` may replace them.
 
-Only the plain eSCN-MD backbone is supported: mixture-of-linear-experts backbones
-(``eSCNMDMoeBackbone``, the released UMA checkpoints) are not. fairchem-core is an optional
-dependency (``pip install 'nvalchemi-lammps[uma]'``, in an environment of its own: it needs
-another e3nn than mace-torch), imported only when a UMA model is built. UMA runs in float32,
-the default here; ``dtype = "float64"`` casts the weights, for checks of exactness.
+UMA's released architecture runs too (:meth:`Uma.from_checkpoint` reads a fairchem
+checkpoint such as ``uma-s-1p1.pt``): the mixture-of-linear-experts backbone
+(``eSCNMDMoeBackbone``), whose expert coefficients come from the composition of the whole
+system (per-element counts of owned atoms, summed over ranks with
+``graph.comm.allreduce`` at every evaluation: the same on every rank, and right after atoms
+migrate or are deleted) and its charge, spin and task; a head with an expert per dataset
+(``DatasetSpecificMoEWrapper``); and the predict unit's normalization, per atom
+``rmsd * e_i + mean / N + e_ref(Z_i)``. The coefficients are set on fairchem's modules
+for each evaluation (as fairchem does): one evaluation at a time per potential object.
+
+fairchem-core is an optional dependency (``pip install 'nvalchemi-lammps[uma]'``, in an
+environment of its own: it needs another e3nn than mace-torch), imported only when a UMA
+model is built. UMA runs in float32, the default here; ``dtype = "float64"`` builds the
+model in float64 (as fairchem's predict unit does for ``base_precision_dtype``), for
+checks of exactness.
 """
 
 from __future__ import annotations
