@@ -64,8 +64,12 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.T
     head_experts, energy_block = _energy_head(network, config.get("heads", {}), path)
     state = {f"backbone.{k}": v for k, v in network.backbone.state_dict().items()}
     state.update({f"energy_block.{k}": v for k, v in energy_block.state_dict().items()})
+    backbone = dict(config["backbone"])
+    # how fairchem executes the model (its GPU kernels), not what it computes: the general
+    # backend here, as fairchem's predict unit on the CPU
+    backbone.pop("execution_mode", None)
     arguments = {
-        "backbone": config["backbone"],
+        "backbone": backbone,
         "head_experts": head_experts,
         "normalization": _normalization(tasks, path),
         "model_id": config.get("model_id"),
