@@ -394,6 +394,8 @@ def checkpoints(tmp_path_factory):
         "uma-s-1.2": write_moe_checkpoint(
             workdir / "s12.pt", seed=2, energy_mean=3.5, model_id="UMA-S-1.2"
         ),
+        # uma-m's shape: m < l in the SO(2) convolutions (their expert layers included)
+        "m-shaped": write_moe_checkpoint(workdir / "m.pt", seed=3, lmax=3, mmax=2),
     }
     return {name: (path, predict_unit(path)) for name, path in paths.items()}
 
@@ -412,8 +414,9 @@ def _from_checkpoint(checkpoints, name, task, **kwargs) -> Uma:
         ("experts", "oc20", 0, 0),
         ("single", "omol", 1, 3),
         ("uma-s-1.2", "oc20", 0, 0),
+        ("m-shaped", "omat", 0, 0),
     ],
-    ids=["experts-omat", "experts-omol-anion", "experts-oc20", "single-omol-cation", "s12"],
+    ids=["experts-omat", "experts-omol-anion", "experts-oc20", "single-omol-cation", "s12", "m"],
 )
 def test_checkpoint_equals_predict_unit(checkpoints, name, task, charge, spin):
     """Our evaluation of a fairchem checkpoint = fairchem's predict unit (FAIRChemCalculator)
