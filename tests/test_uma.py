@@ -13,6 +13,7 @@ configuration (``_uma_models.BACKBONE``) with a seed.
 
 from __future__ import annotations
 
+import copy
 import re
 import sys
 
@@ -129,16 +130,18 @@ def test_charge_spin_and_task_reach_the_model(potential, balanced):
 # --- (b) several ranks -----------------------------------------------------------------------
 
 
-def _run_ranks(potential, system, graphs, charge=0.0, exchange=True):
+def _run_ranks(potential, system, graphs, charge=0.0, exchange=True, comm_class=LammpsComm):
     """Every rank in its own thread with LAMMPS's collectives faked: the engine's evaluation,
-    folded as LAMMPS folds it."""
+    folded as LAMMPS folds it. Each rank has its own copy of the potential, as each LAMMPS
+    rank (a process) has: a mixture of experts keeps its coefficients on the modules."""
     world = ThreadWorld(graphs, system.natoms)
+    copies = [copy.deepcopy(potential) for _ in graphs]
 
     def work(rank):
         g = graphs[rank]
-        comm = LammpsComm(world.collectives(rank), exchange=exchange)
+        comm = comm_class(world.collectives(rank), exchange=exchange)
         inputs = [torch.from_numpy(a) for a in (g.species, g.pair_i, g.pair_j, g.rij)]
-        return evaluate(potential, LocalGraph(g.nlocal, *inputs, comm, total_charge=charge))
+        return evaluate(copies[rank], LocalGraph(g.nlocal, *inputs, comm, total_charge=charge))
 
     results = world.run(work)
     got = gather(
@@ -372,3 +375,171 @@ def _reference_with(potential, **state):
     return evaluate_reference(
         potential, SYSTEM.positions, SYSTEM.cell, SYSTEM.pbc, SYSTEM.species, **state
     )
+
+
+# --- UMA's released architecture: mixture of experts from a fairchem checkpoint -------------
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """fairchem checkpoint files of small random mixture-of-experts models: heads with an
+    expert per dataset, one head for all (as uma-s-1p1), and one with an energy mean and
+    UMA-S-1.2's averaging of the composition; and fairchem's predict unit on each."""
+    from _uma_models import predict_unit, write_moe_checkpoint
+
+    workdir = tmp_path_factory.mktemp("uma_checkpoints")
+    paths = {
+        "experts": write_moe_checkpoint(workdir / "experts.pt", seed=0, head="experts"),
+        "single": write_moe_checkpoint(workdir / "single.pt", seed=1, head="single"),
+        "uma-s-1.2": write_moe_checkpoint(
+            workdir / "s12.pt", seed=2, energy_mean=3.5, model_id="UMA-S-1.2"
+        ),
+        # uma-m's shape: m < l in the SO(2) convolutions (their expert layers included)
+        "m-shaped": write_moe_checkpoint(workdir / "m.pt", seed=3, lmax=3, mmax=2),
+    }
+    return {name: (path, predict_unit(path)) for name, path in paths.items()}
+
+
+def _from_checkpoint(checkpoints, name, task, **kwargs) -> Uma:
+    return Uma.from_checkpoint(
+        checkpoints[name][0], task, elements=list(ELEMENTS), dtype="float64", **kwargs
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "task", "charge", "spin"),
+    [
+        ("experts", "omat", 0, 0),
+        ("experts", "omol", -1, 2),
+        ("experts", "oc20", 0, 0),
+        ("single", "omol", 1, 3),
+        ("uma-s-1.2", "oc20", 0, 0),
+        ("m-shaped", "omat", 0, 0),
+    ],
+    ids=["experts-omat", "experts-omol-anion", "experts-oc20", "single-omol-cation", "s12", "m"],
+)
+def test_checkpoint_equals_predict_unit(checkpoints, name, task, charge, spin):
+    """Our evaluation of a fairchem checkpoint = fairchem's predict unit (FAIRChemCalculator)
+    on the whole periodic system: energy (normalized, element references added), forces,
+    stress. fairchem's stress adds the energy normalizer's mean to the stress (its stress
+    task copies the energy's normalizer): with a mean, the stress is not compared."""
+    from _uma_models import fairchem_predict
+
+    ours = _from_checkpoint(checkpoints, name, task)
+    ref = _reference_with(ours, total_charge=float(charge), spin=spin)
+    theirs = fairchem_predict(checkpoints[name][1], SYSTEM, task, charge, spin)
+    diffs = {
+        "energy": _relative([ref.energy], [theirs["energy"]]),
+        "forces": _relative(ref.forces, theirs["forces"]),
+    }
+    if name != "uma-s-1.2":
+        diffs["virial"] = _relative((ref.virial + ref.virial.T) / 2, theirs["virial"])
+    assert all(d <= TOLERANCE for d in diffs.values()), diffs
+    assert np.abs(theirs["forces"]).max() > 1e-4  # random weights: forces of ~1e-3 eV/A
+
+
+def test_checkpoint_inputs_reach_the_model(checkpoints):
+    """Task, charge, spin and the composition each change the energy (so the comparisons
+    above could fail), and each task has its own expert head and normalization."""
+    potential = _from_checkpoint(checkpoints, "experts", "omat")
+    base = _reference_with(potential).energy
+    others = [
+        _reference_with(potential, task="oc20").energy,
+        _reference_with(potential, total_charge=1.0).energy,
+        _reference_with(potential, spin=2).energy,
+    ]
+    assert all(abs(e - base) > 1e-6 * abs(base) for e in others), (base, others)
+    head = potential._head[1]
+    assert sorted(head.items()) == [("oc20", 0), ("omat", 1), ("omol", 2)]
+
+
+@pytest.mark.parametrize(("nranks", "nslabs"), [(2, None), (3, 2)], ids=["np2", "np3-one-empty"])
+def test_checkpoint_ranks_equal_reference(checkpoints, nranks, nslabs):
+    """The expert coefficients need the composition of the whole system: each rank counts
+    its owned atoms per element and one all-reduce adds them up (once per evaluation, on
+    every rank, an empty one included). Without it each rank would mix its experts by its
+    own atoms: other energies."""
+    potential = _from_checkpoint(checkpoints, "experts", "omol")
+    ref = _reference(potential, SYSTEM, -1.0)
+    graphs = decompose(SYSTEM, CUTOFF, nranks, nslabs)
+    got, world = _run_ranks(potential, SYSTEM, graphs, -1.0)
+    _assert_equal(got, ref)
+    assert all(calls == world.calls[0] for calls in world.calls)
+    assert world.calls[0].count("allreduce") == 1
+    local, _ = _run_ranks(potential, SYSTEM, graphs, -1.0, comm_class=_LocalSums)
+    assert _relative(local.atom_energies, ref.atom_energies) > 1e-6
+
+
+class _LocalSums(LammpsComm):
+    """Every all-reduce returns this rank's own part."""
+
+    def allreduce(self, x):
+        return x
+
+
+def test_checkpoint_model_file_and_export(checkpoints, tmp_path, capsys):
+    """``nvalchemi-lammps export`` of a TOML naming the checkpoint writes a model file
+    (plain data, loaded without unpickling) that evaluates as the checkpoint does; by
+    default the model takes every element it embeds."""
+    path = checkpoints["experts"][0]
+    config = tmp_path / "uma.toml"
+    config.write_text(f'potential = "uma"\ncheckpoint = "{path}"\ntask = "omat"\n')
+    out = tmp_path / "uma.pt"
+    assert main(["export", str(config), "-o", str(out)]) == 0, capsys.readouterr()
+    capsys.readouterr()
+    loaded = load_model(out)
+    assert loaded.spec.elements[:3] == ("H", "He", "Li") and len(loaded.spec.elements) == 99
+    assert loaded.spec.dtype == "float32" and loaded.experts
+    float64 = Uma.from_config({**loaded.config(), "dtype": "float64"})
+    float64.load_state_dict(loaded.state_dict())
+    species = np.array([loaded.spec.elements.index(ELEMENTS[s]) for s in SYSTEM.species])
+    a = evaluate_reference(float64, SYSTEM.positions, SYSTEM.cell, SYSTEM.pbc, species)
+    b = _reference(_from_checkpoint(checkpoints, "experts", "omat"), SYSTEM)
+    assert _relative([a.energy], [b.energy]) <= TOLERANCE
+    assert _relative(a.forces, b.forces) <= TOLERANCE
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"task": "odac"}, "unknown UMA task 'odac' (this model's tasks: oc20, omat, omol)"),
+        ({"elements": ["H", "Es", "Fm"]}, "element(s) Fm not in this UMA model, which embeds"),
+        ({"elements": ["H", "Xx"]}, "element(s) Xx not in this UMA model"),
+    ],
+    ids=["task", "element-beyond", "element-unknown"],
+)
+def test_bad_checkpoint_use(checkpoints, change, message):
+    arguments = {"task": "omat", "elements": list(ELEMENTS), **change}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Uma.from_checkpoint(checkpoints["experts"][0], **arguments)
+    potential = _from_checkpoint(checkpoints, "experts", "omat")
+    with pytest.raises(ValueError, match=re.escape("unknown UMA task 'omc'")):
+        potential.check_system_state(spin=None, task="omc")
+
+
+def test_bad_checkpoints(tmp_path):
+    """Files that are no checkpoint, direct-force models and forces normalized otherwise
+    than the energy are refused at export, with what is wrong."""
+    import hydra
+    from _uma_models import write_moe_checkpoint
+
+    missing = tmp_path / "nothing.pt"
+    with pytest.raises(ValueError, match=re.escape(f"UMA checkpoint {missing} not found")):
+        Uma.from_checkpoint(missing, "omat")
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match=re.escape(f"cannot read UMA checkpoint {junk}")):
+        Uma.from_checkpoint(junk, "omat")
+    direct = write_moe_checkpoint(tmp_path / "direct.pt", direct_forces=True)
+    with pytest.raises(ValueError, match="is a direct-force model"):
+        Uma.from_checkpoint(direct, "omat")
+    odd = write_moe_checkpoint(tmp_path / "odd.pt")
+    checkpoint = torch.load(odd, weights_only=False)
+    checkpoint.tasks_config[1]["normalizer"]["rmsd"] = 2.0  # the first dataset's forces
+    torch.save(checkpoint, odd)
+    assert hydra.utils.instantiate(checkpoint.tasks_config[1]).name == "oc20_forces"
+    with pytest.raises(ValueError, match="task oc20_forces is normalized with rmsd 2"):
+        Uma.from_checkpoint(odd, "omat")
+    config = {"checkpoint": str(odd), "task": "omat", "seed": 0}
+    with pytest.raises(ValueError, match=re.escape("unknown key(s) seed for potential uma")):
+        Uma.from_export_config(config)

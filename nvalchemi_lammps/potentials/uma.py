@@ -32,19 +32,31 @@ What differs from fairchem, and why:
 The system's net charge is ``graph.total_charge`` (``pair_style nvalchemi ... charge Q``),
 an integer from -100 to 100 as UMA embeds it. The spin multiplicity (0 for "not given", the
 value UMA's non-molecular tasks use; 1 for a singlet) and the task (one of the model's
-datasets, e.g. ``omat`` or ``omol``) are fixed when the model file is written.
+datasets, e.g. ``omat`` or ``omol``) are set when the model file is written, and
+``pair_style ... spin S task NAME`` may replace them.
 
-Only the plain eSCN-MD backbone is supported: mixture-of-linear-experts backbones
-(``eSCNMDMoeBackbone``, the released UMA checkpoints) are not. fairchem-core is an optional
-dependency (``pip install 'nvalchemi-lammps[uma]'``, in an environment of its own: it needs
-another e3nn than mace-torch), imported only when a UMA model is built. UMA runs in float32,
-the default here; ``dtype = "float64"`` casts the weights, for checks of exactness.
+UMA's released architecture runs too (:meth:`Uma.from_checkpoint` reads a fairchem
+checkpoint such as ``uma-s-1p1.pt``): the mixture-of-linear-experts backbone
+(``eSCNMDMoeBackbone``), whose expert coefficients come from the composition of the whole
+system (per-element counts of owned atoms, summed over ranks with
+``graph.comm.allreduce`` at every evaluation: the same on every rank, and right after atoms
+migrate or are deleted) and its charge, spin and task; a head with an expert per dataset
+(``DatasetSpecificMoEWrapper``); and the predict unit's normalization, per atom
+``rmsd * e_i + mean / N + e_ref(Z_i)``. The coefficients are set on fairchem's modules
+for each evaluation (as fairchem does): one evaluation at a time per potential object.
+
+fairchem-core is an optional dependency (``pip install 'nvalchemi-lammps[uma]'``, in an
+environment of its own: it needs another e3nn than mace-torch), imported only when a UMA
+model is built. UMA runs in float32, the default here; ``dtype = "float64"`` builds the
+model in float64 (as fairchem's predict unit does for ``base_precision_dtype``), for
+checks of exactness.
 """
 
 from __future__ import annotations
 
 import copy
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -108,6 +120,17 @@ def _escn_md() -> Any:
     return _ESCN_MD
 
 
+def _escn_moe() -> Any:
+    """fairchem's ``escn_moe`` module (mixture-of-experts backbone and heads)."""
+    _escn_md()
+    with without_warp_banner(), warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"`torch\.jit\.script` is deprecated", category=DeprecationWarning
+        )
+        from fairchem.core.models.uma import escn_moe
+    return escn_moe
+
+
 def _atomic_number(symbol: str) -> int:
     from ase.data import atomic_numbers
 
@@ -116,25 +139,106 @@ def _atomic_number(symbol: str) -> int:
     return int(atomic_numbers[symbol])
 
 
-def build_backbone(backbone: dict[str, Any]) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """fairchem's ``eSCNMDBackbone`` and ``MLP_EFS_Head`` from the backbone's keyword
-    arguments, with random weights (drawn from torch's generator, forked: the caller seeds
-    it) and :data:`_FIXED_OPTIONS`.
+#: fairchem's names of the backbones this potential runs (``model`` in a backbone
+#: configuration, as fairchem's checkpoints write it); no ``model``: the plain one.
+_BACKBONES = {
+    "escnmd_backbone": "eSCNMDBackbone",
+    "fairchem.core.models.uma.escn_md.eSCNMDBackbone": "eSCNMDBackbone",
+    "escnmd_moe_backbone": "eSCNMDMoeBackbone",
+    "fairchem.core.models.uma.escn_moe.eSCNMDMoeBackbone": "eSCNMDMoeBackbone",
+}
 
-    :raises ValueError: an option the backbone does not have, or one it refuses
+
+def build_backbone(
+    backbone: dict[str, Any],
+    head_experts: dict[str, str] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """fairchem's backbone (``eSCNMDBackbone``, or ``eSCNMDMoeBackbone`` where
+    ``backbone["model"]`` names it) and its energy head from the backbone's keyword
+    arguments, with random weights (drawn from torch's generator, forked: the caller seeds
+    it) and :data:`_FIXED_OPTIONS`. The head is ``MLP_EFS_Head``, or with ``head_experts``
+    (a dataset mapping) fairchem's ``DatasetSpecificMoEWrapper`` around one: an expert per
+    dataset. Built in ``dtype`` as fairchem's predict unit builds it: the constants computed
+    at construction (the S2 grid, the coefficient mapping) then have that precision, not
+    float32's cast; the random weights are drawn in float32 whatever ``dtype``.
+
+    :raises ValueError: an unknown backbone, an option the backbone does not have, or one
+        it refuses
     """
     escn_md = _escn_md()
     options = {**copy.deepcopy(backbone), **_FIXED_OPTIONS}
+    model = options.pop("model", "escnmd_backbone")
+    if model not in _BACKBONES:
+        raise ValueError(
+            f"UMA backbone {model} is not supported (supported: {', '.join(sorted(_BACKBONES))})"
+        )
     mode = options.get("execution_mode", "general")
     if mode != "general":
         raise ValueError(f"UMA execution_mode {mode} is not supported (supported: general)")
-    try:
-        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
-            network = escn_md.eSCNMDBackbone(**options)
-            head = escn_md.MLP_EFS_Head(network)
-    except TypeError as err:
-        raise ValueError(f"UMA backbone configuration: {err}") from None
+    moe = _BACKBONES[model] == "eSCNMDMoeBackbone" or head_experts is not None
+    escn_moe = _escn_moe() if moe else None
+    if _BACKBONES[model] == "eSCNMDMoeBackbone":
+        cls = escn_moe.eSCNMDMoeBackbone
+    else:
+        cls = escn_md.eSCNMDBackbone
+
+    def build(precision: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Module]:
+        default_dtype = torch.get_default_dtype()
+        try:
+            torch.set_default_dtype(precision)
+            with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+                network = cls(**options)
+                if head_experts is None:
+                    return network, escn_md.MLP_EFS_Head(network)
+                return network, escn_moe.DatasetSpecificMoEWrapper(
+                    network,
+                    "fairchem.core.models.uma.escn_md.MLP_EFS_Head",
+                    head_kwargs={"wrap_property": False},
+                    dataset_mapping=dict(head_experts),
+                )
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"UMA backbone configuration: {err}") from None
+        finally:
+            torch.set_default_dtype(default_dtype)
+
+    # weights drawn in float32 (as UMA is trained), then taken by a model built in dtype
+    network, head = build(torch.float32)
+    if dtype != torch.float32:
+        weights = (network.state_dict(), head.state_dict())
+        network, head = build(dtype)
+        network.load_state_dict(weights[0])
+        head.load_state_dict(weights[1])
     return network, head
+
+
+def _checked_normalization(
+    normalization: dict[str, dict[str, Any]] | None, numbers: list[int], elements: list[str]
+) -> dict[str, dict[str, Any]] | None:
+    """``normalization`` (see :class:`Uma`) with floats, checked.
+
+    :raises ValueError: a task without ``rmsd``, ``mean`` or ``element_references``, or
+        references that do not reach every element's atomic number
+    """
+    if normalization is None:
+        return None
+    checked = {}
+    for task, entry in normalization.items():
+        missing = {"rmsd", "mean", "element_references"} - set(entry)
+        if missing:
+            raise ValueError(f"UMA normalization of task {task} lacks {', '.join(sorted(missing))}")
+        references = entry["element_references"]
+        if references is not None:
+            references = [float(e) for e in references]
+            short = [e for e, z in zip(elements, numbers) if z >= len(references)]
+            if short:
+                raise ValueError(f"UMA task {task} has no element reference for {', '.join(short)}")
+        checked[task] = {
+            "rmsd": float(entry["rmsd"]),
+            "mean": float(entry["mean"]),
+            "element_references": references,
+        }
+    return checked
 
 
 def _check_spin(spin: int) -> None:
@@ -164,6 +268,14 @@ class Uma(Potential):
         ``dataset_mapping`` keys (ignored by a backbone without dataset embedding)
     :param spin: spin multiplicity, 0 to 100 (0: not given)
     :param dtype: ``float32`` (default, as UMA runs) or ``float64``
+    :param head_experts: the dataset mapping of a head with one expert per dataset
+        (fairchem's ``DatasetSpecificMoEWrapper``); ``None``: one head for every task
+    :param normalization: per task, what fairchem's predict unit does to the head's
+        energy: ``{"rmsd": s, "mean": m, "element_references": [e_Z for Z = 0, 1, ...] or
+        None}``, energy = ``s * head + m + sum of e_Z``; ``None``: the head's energy as it
+        is. Where given, only its tasks run.
+    :param model_id: fairchem's model generation (``UMA-1.1``, ``UMA-S-1.2``, ...), which
+        decides how the expert mixing averages the composition
     """
 
     name = "uma"
@@ -175,13 +287,16 @@ class Uma(Potential):
         task: str,
         spin: int = 0,
         dtype: str = "float32",
+        head_experts: dict[str, str] | None = None,
+        normalization: dict[str, dict[str, Any]] | None = None,
+        model_id: str | None = None,
     ) -> None:
         super().__init__()
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}; got '{dtype}'")
         _check_spin(spin)
         elements = list(elements)
-        network, head = build_backbone(backbone)
+        network, head = build_backbone(backbone, head_experts, _DTYPES[dtype])
         numbers = [_atomic_number(e) for e in elements]
         unknown = [e for e, z in zip(elements, numbers) if not 0 < z < network.max_num_elements]
         if unknown:
@@ -190,8 +305,25 @@ class Uma(Potential):
                 f"atomic numbers 1..{network.max_num_elements - 1}"
             )
         self.backbone = network.to(_DTYPES[dtype]).eval()
+        self.experts = getattr(network, "num_experts", 0) > 0
+        self.model_id = model_id
+        if head_experts is None:
+            self.energy_block = head.energy_block.to(_DTYPES[dtype]).eval()
+            self._head = None
+        else:  # the expert layers read their coefficients from the wrapper's globals
+            self.energy_block = head.head.energy_block.to(_DTYPES[dtype]).eval()
+            self._head = (head.global_mole_tensors, dict(head.dataset_name_to_exp))
+        self.normalization = _checked_normalization(normalization, numbers, elements)
+        # element references of each task as rows (float64, as fairchem's are), by task
+        tasks = sorted(self.normalization or {})
+        self._reference_row = {t: k for k, t in enumerate(tasks)}
+        rows = [(self.normalization[t]["element_references"] or []) for t in tasks]
+        width = max((len(r) for r in rows), default=0)
+        table = torch.zeros(len(rows), width, dtype=torch.float64)
+        for k, row in enumerate(rows):
+            table[k, : len(row)] = torch.tensor(row, dtype=torch.float64)
+        self.register_buffer("element_references", table, persistent=False)
         self._check_task(task)
-        self.energy_block = head.energy_block.to(_DTYPES[dtype]).eval()
         for parameter in self.parameters():
             parameter.requires_grad_(False)
         self.register_buffer(
@@ -212,6 +344,9 @@ class Uma(Potential):
             "task": task,
             "spin": self.spin,
             "dtype": dtype,
+            "head_experts": None if head_experts is None else dict(head_experts),
+            "normalization": copy.deepcopy(normalization),
+            "model_id": model_id,
         }
 
     def config(self) -> dict[str, Any]:
@@ -229,10 +364,14 @@ class Uma(Potential):
 
     def _check_task(self, task: str) -> None:
         network = self.backbone
-        if network.use_dataset_embedding and task not in network.dataset_mapping:
+        known = set(network.dataset_mapping) if network.use_dataset_embedding else None
+        if self._head is not None:
+            known = set(self._head[1]) if known is None else known & set(self._head[1])
+        if self.normalization is not None:
+            known = set(self.normalization) if known is None else known & set(self.normalization)
+        if known is not None and task not in known:
             raise ValueError(
-                f"unknown UMA task '{task}' (this model's tasks: "
-                f"{', '.join(sorted(network.dataset_mapping))})"
+                f"unknown UMA task '{task}' (this model's tasks: {', '.join(sorted(known))})"
             )
 
     @classmethod
@@ -252,12 +391,48 @@ class Uma(Potential):
             return cls(backbone, elements, task, spin=spin, dtype=dtype)
 
     @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | Path,
+        task: str,
+        elements: list[str] | None = None,
+        spin: int = 0,
+        dtype: str = "float32",
+    ) -> Uma:
+        """A fairchem checkpoint file (``uma-s-1p1.pt``, ...) as fairchem's predict unit
+        runs it: the backbone (mixture of experts included), the energy head (with an expert
+        per dataset included), and per task the energy's normalizer and element references.
+        The file is unpickled (as fairchem does): only read files you trust.
+
+        :param task: the default task (``pair_style ... task NAME`` chooses another)
+        :param elements: element symbols in model order; ``None``: every element the model
+            embeds, H to the last
+        :raises ValueError: the file is missing, unreadable, or a model not supported
+            (see :mod:`._uma_checkpoint`)
+        """
+        from ._uma_checkpoint import read_checkpoint
+
+        arguments, state = read_checkpoint(path)
+        if elements is None:
+            from ase.data import chemical_symbols
+
+            last = int(arguments["backbone"].get("max_num_elements", 100))
+            elements = list(chemical_symbols[1:last])
+        potential = cls(elements=list(elements), task=task, spin=spin, dtype=dtype, **arguments)
+        potential.load_state_dict(state)
+        return potential
+
+    @classmethod
     def from_export_config(cls, config: dict[str, Any]) -> Uma:
         """What ``nvalchemi-lammps export`` builds from a TOML file with
-        ``potential = "uma"``: ``seed`` (random weights), ``elements``, ``task``, a
-        ``[backbone]`` table (``eSCNMDBackbone`` arguments), and optionally ``spin``
-        (multiplicity, default 0) and ``dtype`` (default float32).
+        ``potential = "uma"``: either ``checkpoint`` (a fairchem checkpoint file, see
+        :meth:`from_checkpoint`), ``task`` and optionally ``elements``; or ``seed`` (random
+        weights), ``elements``, ``task`` and a ``[backbone]`` table (``eSCNMDBackbone``
+        arguments). Both take ``spin`` (multiplicity, default 0) and ``dtype`` (default
+        float32).
         """
+        if "checkpoint" in config:
+            return cls._from_checkpoint_config(config)
         allowed = ("seed", "backbone", "elements", "task", "spin", "dtype")
         unknown = sorted(set(config) - set(allowed))
         if unknown:
@@ -274,6 +449,29 @@ class Uma(Potential):
                 list(config["elements"]),
                 str(config["task"]),
                 seed=int(config["seed"]),
+                spin=config.get("spin", 0),
+                dtype=config.get("dtype", "float32"),
+            )
+        except ImportError as err:  # the CLI reports ValueErrors as one line
+            raise ValueError(str(err)) from None
+
+    @classmethod
+    def _from_checkpoint_config(cls, config: dict[str, Any]) -> Uma:
+        allowed = ("checkpoint", "elements", "task", "spin", "dtype")
+        unknown = sorted(set(config) - set(allowed))
+        if unknown:
+            raise ValueError(
+                f"unknown key(s) {', '.join(unknown)} for potential uma from a checkpoint "
+                f"(allowed: potential, {', '.join(allowed)})"
+            )
+        if "task" not in config:
+            raise ValueError("potential uma needs key(s) task")
+        elements = config.get("elements")
+        try:
+            return cls.from_checkpoint(
+                config["checkpoint"],
+                str(config["task"]),
+                elements=None if elements is None else list(elements),
                 spin=config.get("spin", 0),
                 dtype=config.get("dtype", "float32"),
             )
@@ -297,6 +495,7 @@ class Uma(Potential):
         task = self.task if graph.task is None else graph.task
         system = backbone.csd_embedding(charge, spin, [task])
         sys_node_embedding = system.expand(n, -1)
+        counts = self._composition(numbers, mapped, graph)
 
         # the graph: edges pair_j (source) -> pair_i (target), vector x[j] - x[i]. fairchem's
         # convolutions need an edge: without pairs, a dummy row n gets a self-loop longer than
@@ -313,6 +512,8 @@ class Uma(Potential):
             sys_node_embedding = system.expand(rows, -1)
         edge_index = torch.stack([senders, receivers])
         distances = torch.linalg.norm(vectors, dim=-1)
+        if self.experts:
+            self._mix_experts(counts, system, edge_index.shape[1])
         # fairchem rolls each edge's frame by a random angle at every call (the model is
         # invariant to it up to rounding): drawn from a fixed seed here, so that evaluations
         # repeat bit for bit and torch's generator is left alone
@@ -362,8 +563,77 @@ class Uma(Potential):
                 x = _exchange(x, graph)
 
         x = backbone.norm(x)
-        energies = self.energy_block(x[:n, 0, :]).squeeze(-1)
+        energies = self._head_energies(x[:n, 0, :], task)
+        if self.normalization is not None:
+            energies = self._denormalized(energies, numbers[:n], counts, task)
         return torch.where(mapped, energies, 0.0)
+
+    # --- the mixture of experts and the predict unit's normalization ------------------------
+
+    def _composition(
+        self, numbers: torch.Tensor, mapped: torch.Tensor, graph: LocalGraph
+    ) -> torch.Tensor | None:
+        """Atoms of each atomic number in the whole system, ``(max_num_elements,)`` float64:
+        owned atoms counted here, summed over ranks (the same on every rank: sums of
+        integers). Only where the expert mixing or the energy's mean per system needs it
+        (so, per model, on every rank or none)."""
+        composition = self.experts and self.backbone.use_composition_embedding
+        means = self.normalization is not None and any(
+            t["mean"] != 0.0 for t in self.normalization.values()
+        )
+        if not (composition or means):
+            return None
+        owned = numbers[: graph.nlocal][mapped[: graph.nlocal]]
+        counts = torch.bincount(owned, minlength=self.backbone.max_num_elements)
+        return graph.comm.allreduce(counts.to(torch.float64))
+
+    def _mix_experts(self, counts: torch.Tensor | None, system: torch.Tensor, edges: int) -> None:
+        """fairchem's ``eSCNMDMoeBackbone.set_MOLE_coefficients`` and ``set_MOLE_sizes`` for
+        one system: the expert coefficients from the mean composition embedding of the whole
+        system (from ``counts``) and the charge / spin / task embedding ``system``; every
+        edge of this rank in one segment."""
+        backbone = self.backbone
+        embeddings = []
+        if backbone.use_composition_embedding:
+            weight = backbone.composition_embedding.weight
+            atoms = counts.sum()
+            # UMA-S-1.2 averages with a zero for the system itself (fairchem keeps its bug)
+            divisor = atoms + 1 if self.model_id == "UMA-S-1.2" else atoms.clamp(min=1)
+            composition = (counts.to(weight.dtype) @ weight) / divisor.to(weight.dtype)
+            embeddings.append(composition[None, None])
+        embeddings.append(system[None])
+        mixed = torch.vstack(embeddings).transpose(0, 1).reshape(system.shape[0], -1)
+        coefficients = backbone.mole_expert_coefficient_norm(
+            backbone.mole_dropout(backbone.routing_mlp(mixed))
+        )
+        backbone.global_mole_tensors.expert_mixing_coefficients = coefficients
+        backbone.global_mole_tensors.mole_sizes = torch.tensor([edges])
+
+    def _head_energies(self, scalars: torch.Tensor, task: str) -> torch.Tensor:
+        """The energy MLP on each atom's scalar embedding; a head with an expert per dataset
+        takes the task's expert (fairchem's one-hot coefficients)."""
+        if self._head is not None:
+            tensors, expert_of = self._head
+            experts = self.energy_block[0].weights.shape[0]
+            one_hot = scalars.new_zeros(1, experts)
+            one_hot[0, expert_of[task]] = 1.0
+            tensors.expert_mixing_coefficients = one_hot
+            tensors.mole_sizes = torch.tensor([scalars.shape[0]])
+        return self.energy_block(scalars).squeeze(-1)
+
+    def _denormalized(
+        self, energies: torch.Tensor, numbers: torch.Tensor, counts: torch.Tensor | None, task: str
+    ) -> torch.Tensor:
+        """fairchem's predict unit per atom: the system's ``rmsd * sum + mean + sum of
+        element references`` as ``rmsd * e_i + mean / N + e_Z(i)``."""
+        norm = self.normalization[task]
+        energies = energies * norm["rmsd"]
+        if norm["mean"] != 0.0:
+            energies = energies + norm["mean"] / counts.sum().clamp(min=1).to(energies.dtype)
+        if norm["element_references"] is not None:
+            references = self.element_references[self._reference_row[task]]
+            energies = energies + references[numbers].to(energies.dtype)
+        return energies
 
     def _check_neighbors(self, graph: LocalGraph) -> None:
         """fairchem's graph keeps at most ``max_neighbors`` per atom: refuse more (module
