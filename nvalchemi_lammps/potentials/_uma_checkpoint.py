@@ -41,9 +41,7 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.T
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"UMA checkpoint {path} not found")
-    from .uma import _escn_md
-
-    _escn_md()  # fairchem imported quietly
+    # fairchem itself was imported quietly by the caller (uma._escn_md: no import circle)
     import hydra
     from fairchem.core.units.mlip_unit.utils import load_inference_model
 

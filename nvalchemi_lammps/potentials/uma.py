@@ -412,6 +412,8 @@ class Uma(Potential):
         """
         from ._uma_checkpoint import read_checkpoint
 
+        if Path(path).is_file():
+            _escn_md()  # fairchem imported once and quietly, before the checkpoint's imports
         arguments, state = read_checkpoint(path)
         if elements is None:
             from ase.data import chemical_symbols
