@@ -128,6 +128,12 @@ def _cueq_kernels_available() -> bool:
     return True
 
 
+def _auto_uses_cuequivariance(device: torch.device) -> bool:
+    """``kernels = "auto"``: cuEquivariance's kernels on a CUDA device where they are
+    installed."""
+    return device.type == "cuda" and _cueq_available() and _cueq_kernels_available()
+
+
 def _basis_mismatch(err: Exception) -> bool:
     """``load_state_dict``'s size mismatch of a symmetric contraction's basis."""
     return "U_matrix" in str(err) and "size mismatch" in str(err)
@@ -595,13 +601,19 @@ class Mace(Potential):
         choice = self._config["kernels"]
         device = next(self.model.parameters()).device
         if choice == "auto":
-            use = device.type == "cuda" and _cueq_available() and _cueq_kernels_available()
+            use = _auto_uses_cuequivariance(device)
         else:
             use = choice == "cuequivariance"
         cueq = None
         if use:
-            cueq = _to_cuequivariance(self.model, device)
-            self._check_same_as(cueq, network=self.model)
+            try:
+                cueq = _to_cuequivariance(self.model, device)
+                self._check_same_as(cueq, network=self.model)
+            except ValueError as err:
+                if choice != "auto":
+                    raise
+                warnings.warn(f"this MACE model runs on e3nn's kernels: {err}", stacklevel=2)
+                cueq = None
         object.__setattr__(self, "_cueq", cueq)
         object.__setattr__(self, "_cueq_stale", False)
 
