@@ -644,13 +644,15 @@ class Mace(Potential):
             floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
             source = floating[0] if floating else torch.float64
             dtype = {v: k for k, v in _DTYPES.items()}.get(source, "float64")
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {', '.join(KERNELS)}; got '{kernels}'")
+        if kernels == "cuequivariance" and not _cueq_available():
+            raise ImportError(f"kernels = cuequivariance needs {_CUEQ_INSTALL}")
         original = model
         if _uses_openequivariance(model):
             raise ValueError(_OEQ_REFUSED)
         if _uses_cuequivariance(model):
             model = _to_e3nn(model)
-        if kernels not in KERNELS:
-            raise ValueError(f"kernels must be one of {', '.join(KERNELS)}; got '{kernels}'")
         potential = cls(model_config(model), head=head, dtype=dtype, kernels="e3nn")
         state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
         try:
@@ -658,8 +660,6 @@ class Mace(Potential):
         except RuntimeError as err:
             raise ValueError(f"the rebuilt MACE model does not take these weights: {err}") from None
         potential._check_same_as(original)
-        if kernels == "cuequivariance" and not _cueq_available():
-            raise ImportError(f"kernels = cuequivariance needs {_CUEQ_INSTALL}")
         potential._config["kernels"] = kernels
         object.__setattr__(potential, "_cueq_stale", True)
         return potential
