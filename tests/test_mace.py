@@ -12,6 +12,7 @@ Models are small and random (seeded): Ar and Kr, r_max 4, hidden irreps 8x0e+8x1
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -42,7 +43,7 @@ try:
 except ImportError:  # pragma: no cover - mace-torch is an optional dependency
     pytest.skip("mace-torch is not installed", allow_module_level=True)
 
-from _mace_models import ELEMENTS, R_MAX, VARIANTS, random_mace
+from _mace_models import ELEMENTS, FAMILIES, R_MAX, VARIANTS, random_family, random_mace
 
 #: Multi-rank = single process, and our evaluation = mace-torch's (float64, relative).
 TOLERANCE = 1e-10
@@ -806,3 +807,37 @@ def test_openequivariance_is_refused(scale_shift):
     message = "this MACE model uses OpenEquivariance kernels, which are not supported"
     with pytest.raises(ValueError, match=re.escape(message)):
         Mace.from_model(oeq)
+
+
+# --- MACE's foundation-model families (random weights of their architectures) --------------
+
+#: MACE-OMOL's charge and spin inputs (mace-torch's embedding_specs)
+CHARGE_SPIN = {
+    "total_charge": {"type": "categorical", "num_classes": 11, "emb_dim": 4},
+    "total_spin": {"type": "categorical", "num_classes": 11, "emb_dim": 4},
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_foundation_families(family, tmp_path):
+    """Each family's blocks and options, shrunk to 4 channels and 3 elements: exported and
+    loaded, equal to mace-torch's forward (every head of a multi-head model loads)."""
+    off = family.startswith("off")
+    model = random_family(family, channels=4, elements=[1, 6, 8] if off else [1, 8, 29])
+    heads = list(model.heads)
+    head = heads[-1]  # the fine-tuned head of a fine-tune; any head of the others
+    potential = load_model(save_model(Mace.from_model(model, head=head), tmp_path / "m.pt"))
+    assert potential.config()["head"] == head
+    system = dataclasses.replace(triclinic_ar_kr(), elements=potential.spec.elements)
+    ref = _reference(potential, system)
+    theirs = mace_forward(model, system, head=head)
+    assert _relative(ref.atom_energies, theirs["atom_energies"]) <= TOLERANCE
+    assert _relative(ref.forces, theirs["forces"]) <= TOLERANCE
+
+
+def test_charge_and_spin_embeddings_are_refused():
+    """MACE-OMOL's charge and spin inputs (``embedding_specs``) are refused at export."""
+    model = random_mace(embedding_specs=CHARGE_SPIN)
+    message = "MACE models with extra embeddings (embedding_specs) are not supported"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Mace.from_model(model)
