@@ -788,7 +788,7 @@ class Mace(Potential):
             (grad,) = torch.autograd.grad(energies.sum(), leaf)
             return energies.detach().double().cpu(), grad.double().cpu()
 
-        mine = network or self.model
+        mine = self.model if network is None else network
         mine = run(mine, self.spec.torch_dtype, next(mine.parameters()).device)
         theirs = run(model, their_dtype, device)
         tol = 1e-5 if torch.float32 in (self.spec.torch_dtype, their_dtype) else 1e-10
