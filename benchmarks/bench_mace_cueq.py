@@ -194,23 +194,32 @@ def bench(args: argparse.Namespace, stream) -> tuple[list[dict], dict]:
         built = time.perf_counter() - start
         params = sum(p.numel() for p in model.parameters())
         cu = list(model.atomic_numbers).index(29)
-        potentials = {}
+        potentials, failed = {}, {}
         for kernels in ("e3nn", "cuequivariance"):
             start = time.perf_counter()
-            potential = mace_module.Mace.from_model(model, dtype=args.dtype, kernels=kernels)
-            potential = potential.to(args.device)
-            assert potential.kernels == kernels, (potential.kernels, kernels)  # converts here
+            try:
+                potential = mace_module.Mace.from_model(model, dtype=args.dtype, kernels=kernels)
+                potential = potential.to(args.device)
+                if potential.kernels != kernels:  # the conversion happens here
+                    raise RuntimeError(f"runs on {potential.kernels}, not {kernels}")
+            except Exception as err:  # noqa: BLE001 - recorded with the results
+                failed[f"ours {kernels}"] = {"ms": None, "error": repr(err)}
+                print(f"{name} ours {kernels}: {err!r}", flush=True)
+                continue
             potentials[kernels] = (potential, time.perf_counter() - start)
         theirs = {"e3nn": _copy_in(model, torch_dtype).to(args.device)}
-        with mace_module._default_dtype(torch_dtype):
-            theirs["cuequivariance"] = mace_module._to_cuequivariance(
-                _copy_in(model, torch_dtype), torch.device(args.device)
-            )
+        try:
+            with mace_module._default_dtype(torch_dtype):
+                theirs["cuequivariance"] = mace_module._to_cuequivariance(
+                    _copy_in(model, torch_dtype), torch.device(args.device)
+                )
+        except Exception as err:  # noqa: BLE001 - recorded with the results
+            failed["mace-torch cuequivariance"] = {"ms": None, "error": repr(err)}
         print(f"{name}: {params:,} parameters, built in {built:.1f} s", flush=True)
         for atoms in args.atoms:
             positions, cell = cu_crystal(atoms)
             pairs = neighbor_pairs(positions, cell, (True,) * 3, float(model.r_max))
-            row = {"model": name, "parameters": params, "atoms": atoms}
+            row = {"model": name, "parameters": params, "atoms": atoms, **failed}
             row["pairs"] = len(pairs.pair_i)
             for kernels, (potential, setup) in potentials.items():
                 timing = _timed(
