@@ -507,7 +507,7 @@ def test_export_from_checkpoint(scale_shift, tmp_path, capsys):
     assert export.main([str(toml), "-o", str(tmp_path / "bad.pt")]) == 1
     assert capsys.readouterr().out.startswith(
         "error: unknown key(s) file for potential mace "
-        "(allowed: potential, checkpoint, head, dtype)"
+        "(allowed: potential, checkpoint, head, dtype, kernels)"
     )
 
 

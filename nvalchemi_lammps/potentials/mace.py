@@ -333,6 +333,15 @@ def _to_cuequivariance(network: torch.nn.Module, device: torch.device) -> torch.
     return converted.to(device).eval()
 
 
+def _check_model_class(model: Any) -> None:
+    mm = _mace()
+    if type(model) not in (mm.MACE, mm.ScaleShiftMACE):
+        raise ValueError(
+            f"unsupported MACE model class {type(model).__name__} "
+            f"(supported: {', '.join(MODEL_CLASSES)})"
+        )
+
+
 def model_config(model: torch.nn.Module) -> dict[str, Any]:
     """The constructor arguments of a mace-torch ``MACE``/``ScaleShiftMACE`` as plain data.
 
@@ -342,10 +351,7 @@ def model_config(model: torch.nn.Module) -> dict[str, Any]:
     from e3nn import o3
 
     kind = type(model).__name__
-    if type(model) not in (mm.MACE, mm.ScaleShiftMACE):
-        raise ValueError(
-            f"unsupported MACE model class {kind} (supported: {', '.join(MODEL_CLASSES)})"
-        )
+    _check_model_class(model)
     if hasattr(model, "joint_embedding") or hasattr(model, "embedding_readout"):
         raise ValueError("MACE models with extra embeddings (embedding_specs) are not supported")
     _check_e3nn(model)
@@ -649,6 +655,7 @@ class Mace(Potential):
         if kernels == "cuequivariance" and not _cueq_available():
             raise ImportError(f"kernels = cuequivariance needs {_CUEQ_INSTALL}")
         original = model
+        _check_model_class(model)
         if _uses_openequivariance(model):
             raise ValueError(_OEQ_REFUSED)
         if _uses_cuequivariance(model):
