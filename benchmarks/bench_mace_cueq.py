@@ -6,7 +6,7 @@ For each model (``--models``, random weights of a foundation model's architectur
 potential's forward and backward on the whole periodic system in one process (the
 reference evaluator's :func:`evaluate` on the prebuilt pair list, ``nlocal = N``, no
 ghosts: what one LAMMPS rank's model call costs, without LAMMPS), median of ``--calls``
-after two warm-up calls, once on e3nn's kernels (``kernels = "e3nn"``) and once on
+after three warm-up calls, once on e3nn's kernels (``kernels = "e3nn"``) and once on
 cuEquivariance's (``kernels = "cuequivariance"``: on a CUDA device with
 cuequivariance-ops-torch, mace-torch's converter with its fused convolution), and the same
 for mace-torch's own forward with forces (its neighbor list and batch built once, outside
@@ -78,18 +78,19 @@ def _sync(device: str) -> None:
 
 
 def _timed(call, device: str, calls: int) -> dict:
-    """Median ms of ``call()`` after two warm-up calls, and the peak memory (GiB)."""
+    """Median ms of ``call()`` after three warm-up calls (TorchScript optimizes e3nn's code
+    on its second call), and the peak memory (GiB)."""
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     try:
         samples = []
-        for k in range(calls + 2):
+        for k in range(calls + 3):
             _sync(device)
             start = time.perf_counter()
             call()
             _sync(device)
-            if k >= 2:
+            if k >= 3:
                 samples.append(1e3 * (time.perf_counter() - start))
     except torch.OutOfMemoryError:
         torch.cuda.empty_cache()
