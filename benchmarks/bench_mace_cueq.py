@@ -15,7 +15,8 @@ row; a run out of memory is recorded as such.
 
 Exactness, on the first size of each model (after its timings): our cuEquivariance evaluation against our e3nn
 evaluation in float64, and, in ``--dtype``, against mace-torch's own forward of the
-converted model (energy, per-atom energies, forces; max difference over max value).
+converted model (energy, per-atom energies, forces; max difference over max value), and
+whether a rank without atoms, or without pairs, runs on cuEquivariance's kernels.
 
     python benchmarks/bench_mace_cueq.py --device cuda --atoms 864 19652 97556
     python benchmarks/bench_mace_cueq.py --device cpu --models test --atoms 32 108 --calls 1
@@ -172,10 +173,27 @@ def exactness(model, positions, cell, symbol, device: str, dtype: str) -> dict:
         "atom_energies": _relative(mine.atom_energies, theirs["node_energy"].detach().cpu()),
         "forces": _relative(mine.forces, theirs["forces"].detach().cpu()),
     }
+    out["empty ranks on cueq"] = empty_ranks(ours, device)
     out[f"{dtype} cueq vs float64 e3nn"] = {
         "energy": _relative([mine.energy], [e3nn.energy]),
         "forces": _relative(mine.forces, e3nn.forces),
     }
+    return out
+
+
+def empty_ranks(potential, device: str) -> dict:
+    """What a LAMMPS rank without atoms, or with atoms but no pairs, runs: ``"ok"`` or the
+    error (cuEquivariance's kernels on zero rows)."""
+    out = {}
+    none = torch.zeros(0, dtype=torch.int64, device=device)
+    rij = torch.zeros(0, 3, dtype=torch.float64, device=device)
+    for name, (nlocal, ntotal) in {"no atoms": (0, 0), "atoms, no pairs": (3, 5)}.items():
+        species = torch.zeros(ntotal, dtype=torch.int64, device=device)
+        try:
+            result = evaluate(potential, nlocal, species, none, none, rij)
+            out[name] = "ok" if result.atom_energies.shape == (nlocal,) else "wrong shape"
+        except Exception as err:  # noqa: BLE001 - recorded with the results
+            out[name] = repr(err)
     return out
 
 
