@@ -13,8 +13,9 @@ for mace-torch's own forward with forces (its neighbor list and batch built once
 the timing) on the e3nn model and on its cuEquivariance conversion. Peak GPU memory per
 row; a run out of memory is recorded as such.
 
-Exactness, on the first size of each model (after its timings): our cuEquivariance evaluation against our e3nn
-evaluation in float64, and, in ``--dtype``, against mace-torch's own forward of the
+Exactness, on the first size of each model (after its timings): our cuEquivariance
+evaluation against our e3nn evaluation in float64, and, in ``--dtype``, against
+mace-torch's own forward of the
 converted model (energy, per-atom energies, forces; max difference over max value), and
 whether a rank without atoms, or without pairs, runs on cuEquivariance's kernels.
 
