@@ -45,6 +45,7 @@ def random_mace(
     if kind == "ScaleShiftMACE":
         kwargs.update(atomic_inter_scale=1.3, atomic_inter_shift=0.1)
     kwargs.update(options)
+    kwargs["num_elements"] = len(kwargs["atomic_numbers"])
     torch.manual_seed(seed)
     with mace_module._quiet_torchscript(), mace_module._default_dtype(torch.float64):
         model = cls(**kwargs)
@@ -56,3 +57,102 @@ VARIANTS = {
     "scale_shift": {"kind": "ScaleShiftMACE", "pair_repulsion": True},
     "plain": {"kind": "MACE", "interaction": "RealAgnosticInteractionBlock", "num_interactions": 3},
 }
+
+
+# --- the architectures of MACE's foundation-model families ---------------------------------
+
+#: Atomic numbers of the MACE-MP/MPA/OMAT families (H to Ac) and of MACE-OFF23.
+MP_ELEMENTS = list(range(1, 90))
+OFF_ELEMENTS = [1, 6, 7, 8, 9, 15, 16, 17, 35, 53]
+
+_MP = {
+    "kind": "ScaleShiftMACE",
+    "r_max": 6.0,
+    "num_bessel": 10,
+    "max_ell": 3,
+    "correlation": 3,
+    "MLP_irreps": "16x0e",
+    "radial_MLP": [64, 64, 64],
+    "avg_num_neighbors": 61.96,
+    "atomic_numbers": MP_ELEMENTS,
+}
+_OFF = {**_MP, "r_max": 5.0, "num_bessel": 8, "avg_num_neighbors": 23.0}
+_OFF["atomic_numbers"] = OFF_ELEMENTS
+_MPA = {**_MP, "pair_repulsion": True, "distance_transform": "Agnesi"}
+
+#: name -> mace-torch options of a foundation-model family as published by mace-torch's
+#: authors (hyperparameters of the model files, which this environment cannot download:
+#: random weights of the same architecture stand in for them). Irreps are strings here.
+FAMILIES = {
+    "mp-small": {**_MP, "hidden_irreps": "128x0e"},  # MACE-MP-0 small
+    "mp-medium": {**_MP, "hidden_irreps": "128x0e+128x1o"},  # MACE-MP-0 medium
+    "mp-large": {**_MP, "hidden_irreps": "128x0e+128x1o+128x2e"},  # MACE-MP-0 large
+    # MACE-MP-0b3, MACE-MPA-0, MACE-OMAT-0, MACE-MATPES (fine-tunes of OMAT-0): ZBL pair
+    # repulsion and Agnesi distance transform
+    "mpa-medium": {**_MPA, "hidden_irreps": "128x0e+128x1o"},
+    # MACE-MP-0b2 "density" models
+    "mp-0b2-density": {
+        **_MPA,
+        "hidden_irreps": "128x0e+128x1o",
+        "interaction": "RealAgnosticDensityResidualInteractionBlock",
+    },
+    "off-small": {**_OFF, "hidden_irreps": "96x0e"},  # MACE-OFF23 small
+    "off-medium": {**_OFF, "hidden_irreps": "128x0e+128x1o"},  # MACE-OFF23 medium
+    "off-large": {**_OFF, "hidden_irreps": "192x0e+192x1o+192x2e"},  # MACE-OFF23 large
+    # a multi-head fine-tune of MACE-MP (mace-torch's --multiheads_finetuning): the
+    # pretraining head kept next to the fine-tuned one
+    "mp-finetune-multihead": {
+        **_MPA,
+        "hidden_irreps": "128x0e+128x1o",
+        "heads": ["pt_head", "Default"],
+    },
+    # MACE-MH-0/1: non-linear interaction blocks, edge irreps, element-agnostic product,
+    # bias readouts, several heads
+    "mh": {
+        **_MPA,
+        "hidden_irreps": "128x0e+128x1o",
+        "interaction": "RealAgnosticResidualNonLinearInteractionBlock",
+        "edge_irreps": "128x0e+128x1o+128x2e",
+        "use_edge_irreps_first": True,
+        "use_agnostic_product": True,
+        "readout_cls": "NonLinearBiasReadoutBlock",
+        "use_last_readout_only": True,
+        "heads": ["omat_pbe", "omol", "spice_wB97M", "matpes_r2scan"],
+    },
+}
+
+
+def _channels(irreps: str, channels: int | None) -> str:
+    if channels is None:
+        return irreps
+    return "+".join(f"{channels}x{term.split('x')[1]}" for term in irreps.split("+"))
+
+
+def random_family(
+    name: str, channels: int | None = None, elements: list[int] | None = None, seed: int = 0
+) -> torch.nn.Module:
+    """A random-weight model of family ``name`` (:data:`FAMILIES`), float64; ``channels``
+    and ``elements`` shrink it for tests (the same blocks and options)."""
+    from e3nn import o3
+
+    mm = mace_module._mace()
+    options = dict(FAMILIES[name])
+    if elements is not None:
+        options["atomic_numbers"] = elements
+    numbers = options["atomic_numbers"]
+    heads = options.get("heads", ["Default"])
+    rng = np.random.default_rng(seed)
+    options["num_elements"] = len(numbers)
+    energies = -rng.uniform(0.5, 5.0, size=(len(heads), len(numbers)))
+    options["atomic_energies"] = energies if len(heads) > 1 else energies[0]
+    options["atomic_inter_scale"] = rng.uniform(0.8, 1.2, size=len(heads))
+    options["atomic_inter_shift"] = rng.uniform(-0.1, 0.1, size=len(heads))
+    for key in ("hidden_irreps", "edge_irreps"):
+        if key in options:
+            options[key] = o3.Irreps(_channels(options[key], channels))
+    options["MLP_irreps"] = o3.Irreps(options["MLP_irreps"])
+    if "readout_cls" in options:
+        options["readout_cls"] = mm.readout_classes[options["readout_cls"]]
+    if channels is not None:
+        options["radial_MLP"] = [2 * channels] * 3
+    return random_mace(seed=seed, **options)

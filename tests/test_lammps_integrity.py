@@ -246,11 +246,20 @@ def test_null_outside_hybrid_is_a_clear_error(nprocs, argon_data, tmp_path):
 @pytest.mark.parametrize("nprocs", NPROCS, ids=lambda n: f"np{n}")
 def test_mace_model_needing_cuequivariance_names_the_package(nprocs, argon_data, tmp_path):
     """A MACE model exported where cuequivariance was installed, loaded where it is not
-    (this environment): before, "model file ... is damaged or incomplete"."""
+    (cuequivariance hidden from LAMMPS's Python here: packages of its names that fail to
+    import come first on its path): before, "model file ... is damaged or incomplete"."""
+    import os
     from pathlib import Path
 
     model = Path(__file__).parent / "data" / "mace_reduced_cg.pt"
-    run = run_lammps(_script(argon_data, model), nprocs, tmp_path, timeout=TIMEOUT)
+    hidden = tmp_path / "without_cuequivariance"
+    for name in ("cuequivariance", "cuequivariance_torch"):
+        (hidden / name).mkdir(parents=True)
+        (hidden / name / "__init__.py").write_text(f"raise ImportError('{name} hidden')\n")
+    path = os.pathsep.join(p for p in (str(hidden), os.environ.get("PYTHONPATH")) if p)
+    run = run_lammps(
+        _script(argon_data, model), nprocs, tmp_path, timeout=TIMEOUT, env={"PYTHONPATH": path}
+    )
     _assert_fails_with(run, f"cannot load model {model}", "pip install cuequivariance-torch")
     assert "damaged" not in _errors(run)
 

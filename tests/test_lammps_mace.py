@@ -107,7 +107,9 @@ def model(tmp_path_factory):
 PER_ATOM = ["fx", "fy", "fz", "c_pe", *(f"c_stress[{k}]" for k in range(1, 7))]
 
 
-def comparison_script(structure: Structure, data: Path, model: Path, nprocs: int) -> str:
+def comparison_script(
+    structure: Structure, data: Path, model: Path, nprocs: int, strategies=STRATEGIES
+) -> str:
     """``run 0`` under each strategy in one LAMMPS process: a dump and a print each."""
     lines = [
         textwrap.dedent(
@@ -123,7 +125,7 @@ def comparison_script(structure: Structure, data: Path, model: Path, nprocs: int
             """
         )
     ]
-    for strategy in STRATEGIES:
+    for strategy in strategies:
         values = " ".join(f"{p} $({p}:%.17g)" for p in ("pe", *PRESSURE))
         lines.append(
             textwrap.dedent(
@@ -170,6 +172,48 @@ def test_mace_equals_reference(structure, nprocs, model, tmp_path):
 
     assert_strategies_agree(
         f"mace/{structure.id}/exchange-vs-shell/np{nprocs}", got["exchange"], got["shell"]
+    )
+
+
+# --- on cuEquivariance's kernels (issue 16) -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cueq_model(model, tmp_path_factory):
+    """The same model and weights, its file asking for cuEquivariance's kernels (on the CPU:
+    cuEquivariance's pure-torch operations, mace-torch's conversion on every rank)."""
+    potential, _ = model
+    on_cueq = type(potential).from_config({**potential.config(), "kernels": "cuequivariance"})
+    on_cueq.load_state_dict(potential.state_dict())
+    assert on_cueq.kernels == "cuequivariance"
+    return save_model(on_cueq, tmp_path_factory.mktemp("mace-cueq") / "mace-cueq.pt")
+
+
+@pytest.mark.skipif(
+    not mace_module._cueq_available(), reason="cuequivariance-torch is not installed"
+)
+@pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
+def test_mace_on_cuequivariance_equals_reference(nprocs, model, cueq_model, tmp_path):
+    """Subdomains thinner than the cutoff, node features exchanged between layers: the
+    cuEquivariance network through LAMMPS equals the e3nn network on the whole system."""
+    potential, _ = model
+    structure = STRUCTURES["thin-subdomains"]
+    ref = evaluate_reference(
+        potential, structure.positions, structure.cell, (True, True, True), structure.species
+    )
+    data = write_lammps_data(
+        tmp_path / "system.data", structure.positions, structure.cell, structure.species + 1, MASSES
+    )
+    script = comparison_script(structure, data, cueq_model, nprocs, strategies=("exchange",))
+    run = run_lammps(script, nprocs, tmp_path, timeout=600).check()
+    atoms = read_dump(tmp_path / "exchange.dump")
+    np.testing.assert_array_equal(atoms["id"], np.arange(1, len(ref.forces) + 1))
+    assert_matches_reference(
+        f"mace/cuequivariance/{structure.id}/exchange/np{nprocs}",
+        atoms,
+        read_results(run.output, "EXCHANGE"),
+        ref,
+        structure.cell,
     )
 
 

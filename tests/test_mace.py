@@ -11,6 +11,8 @@ Models are small and random (seeded): Ar and Kr, r_max 4, hidden irreps 8x0e+8x1
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import os
 import re
@@ -41,7 +43,7 @@ try:
 except ImportError:  # pragma: no cover - mace-torch is an optional dependency
     pytest.skip("mace-torch is not installed", allow_module_level=True)
 
-from _mace_models import ELEMENTS, R_MAX, VARIANTS, random_mace
+from _mace_models import ELEMENTS, FAMILIES, R_MAX, VARIANTS, random_family, random_mace
 
 #: Multi-rank = single process, and our evaluation = mace-torch's (float64, relative).
 TOLERANCE = 1e-10
@@ -113,9 +115,10 @@ def scale_shift() -> tuple[torch.nn.Module, Mace]:
 
 
 def mace_forward(
-    model: torch.nn.Module, system: System, head: str = "Default"
+    model: torch.nn.Module, system: System, head: str = "Default", dtype=torch.float64
 ) -> dict[str, np.ndarray]:
-    """mace-torch on ``system``: its AtomicData, its neighbor list, its forward."""
+    """mace-torch on ``system``: its AtomicData, its neighbor list, its forward (inputs in
+    ``dtype``, the model's)."""
     import ase
 
     mace_module._mace()
@@ -130,7 +133,7 @@ def mace_forward(
         cell=system.cell,
         pbc=system.pbc,
     )
-    with mace_module._default_dtype(torch.float64):
+    with mace_module._default_dtype(dtype):
         config = mace_data.config_from_atoms(atoms, head_name=head)
         table = AtomicNumberTable([int(z) for z in model.atomic_numbers])
         data = mace_data.AtomicData.from_config(
@@ -504,7 +507,7 @@ def test_export_from_checkpoint(scale_shift, tmp_path, capsys):
     assert export.main([str(toml), "-o", str(tmp_path / "bad.pt")]) == 1
     assert capsys.readouterr().out.startswith(
         "error: unknown key(s) file for potential mace "
-        "(allowed: potential, checkpoint, head, dtype)"
+        "(allowed: potential, checkpoint, head, dtype, kernels)"
     )
 
 
@@ -636,3 +639,205 @@ def test_export_records_the_basis_built(monkeypatch):
     assert mace_module.model_config(model)["use_reduced_cg"] is False  # built
     contraction = model.products[0].symmetric_contractions.contractions[0]
     assert tuple(contraction.U_matrix_3.shape) == (9, 9, 9, 11)  # the full basis
+
+
+# --- on cuEquivariance's kernels (issue 16) --------------------------------------------------
+# cuequivariance-torch runs on the CPU without its CUDA kernels (its pure-torch code): the
+# conversion, the network and the exchange between layers are the ones the GPU runs, only
+# the kernels inside cuEquivariance's operations differ.
+
+
+def _cuet_available() -> bool:
+    return mace_module._cueq_available()
+
+
+cueq_only = pytest.mark.skipif(
+    not _cuet_available(), reason="cuequivariance-torch is not installed (extra: cueq)"
+)
+
+
+@pytest.fixture(scope="module")
+def on_cueq(scale_shift) -> tuple[torch.nn.Module, Mace, Mace]:
+    """The scale-shift model on both kernels (the e3nn one is the fixture's)."""
+    model, e3nn = scale_shift
+    return model, e3nn, Mace.from_model(model, kernels="cuequivariance")
+
+
+def _mace_cueq(model: torch.nn.Module, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
+    """mace-torch's own conversion of ``model`` to cuEquivariance (on the CPU)."""
+    with mace_module._quiet_torchscript():
+        copied = copy.deepcopy(model).to(dtype)
+    return mace_module._to_cuequivariance(copied, torch.device("cpu"))
+
+
+@cueq_only
+@pytest.mark.parametrize("system", SYSTEMS, ids=lambda s: s.name)
+def test_cuequivariance_equals_e3nn(on_cueq, system):
+    """float64: the network on cuEquivariance's operations gives e3nn's numbers."""
+    _, e3nn, cueq = on_cueq
+    assert (e3nn.kernels, cueq.kernels) == ("e3nn", "cuequivariance")
+    contraction = cueq.network.products[0].symmetric_contractions
+    assert type(contraction).__module__.startswith("cuequivariance_torch")
+    assert cueq.network is not cueq.model  # the weights stay in e3nn's form
+    _assert_equal(_reference(cueq, system), _reference(e3nn, system))
+
+
+@cueq_only
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_cuequivariance_equals_mace_forward_of_converted(on_cueq, dtype):
+    """Ours on cuEquivariance = mace-torch's forward of the model mace-torch converted, in
+    float64 to 1e-10 and in float32 to float32's rounding."""
+    model, _, _ = on_cueq
+    torch_dtype = getattr(torch, dtype)
+    theirs = mace_forward(_mace_cueq(model, torch_dtype), fcc_ar_kr(), dtype=torch_dtype)
+    ours = _reference(Mace.from_model(model, dtype=dtype, kernels="cuequivariance"), fcc_ar_kr())
+    tol = {"float64": TOLERANCE, "float32": 1e-5}[dtype]
+    assert _relative([ours.energy], [theirs["energy"]]) <= tol
+    assert _relative(ours.atom_energies, theirs["atom_energies"]) <= tol
+    assert _relative(ours.forces, theirs["forces"]) <= 10 * tol
+    assert _relative(ours.virial, theirs["virial"]) <= 10 * tol
+
+
+@cueq_only
+@pytest.mark.parametrize(("nranks", "nslabs"), [(2, None), (3, 2)], ids=["np2", "np3-one-empty"])
+def test_cuequivariance_ranks_equal_reference(on_cueq, nranks, nslabs):
+    """The same exchange between layers on cuEquivariance's network (both strategies)."""
+    _, e3nn, cueq = on_cueq
+    system = fcc_ar_kr()
+    ref = _reference(e3nn, system)
+    exchanged, world = _run_exchange(cueq, system, decompose(system, R_MAX, nranks, nslabs))
+    _assert_equal(exchanged, ref)
+    assert all(calls == ["forward_exchange", "reverse_exchange"] for calls in world.calls)
+    graphs = decompose_shell(system, R_MAX, cueq.spec.layers, nranks, nslabs)
+    shelled, _ = _run_exchange(cueq, system, graphs, exchange=False)
+    _assert_equal(shelled, ref)
+
+
+@cueq_only
+def test_model_converted_to_cuequivariance_exports(on_cueq, tmp_path):
+    """A mace-torch model converted to cuEquivariance is exported in e3nn's form (the same
+    model file as its e3nn original's) and runs on either kernels."""
+    model, e3nn, _ = on_cueq
+    converted = _mace_cueq(model)
+    assert mace_module._uses_cuequivariance(converted)
+    potential = Mace.from_model(converted)
+    assert potential.config() == {**e3nn.config(), "kernels": "auto"}
+    assert potential.kernels == "e3nn"  # auto, on the CPU
+    loaded = load_model(save_model(potential, tmp_path / "m.pt"))
+    system = triclinic_ar_kr()
+    ref = _reference(e3nn, system)
+    _assert_equal(_reference(loaded, system), ref)
+    path = tmp_path / "c.pt"
+    save_model(Mace(loaded.config()["model"], kernels="cuequivariance"), path)
+    on_cueq_kernels = load_model(path)
+    on_cueq_kernels.load_state_dict(loaded.state_dict())  # weights arrive after building
+    assert on_cueq_kernels.kernels == "cuequivariance"
+    _assert_equal(_reference(on_cueq_kernels, system), ref)
+
+
+@cueq_only
+def test_cuequivariance_network_follows_the_weights(on_cueq):
+    """The cuEquivariance network is made again when the weights change (loaded, moved):
+    never a stale copy."""
+    _, e3nn, _ = on_cueq
+    potential = Mace(e3nn.config()["model"], kernels="cuequivariance")  # random weights
+    system = triclinic_ar_kr()
+    before = _reference(potential, system)
+    potential.load_state_dict(e3nn.state_dict())
+    _assert_equal(_reference(potential, system), _reference(e3nn, system))
+    assert not np.allclose(before.forces, _reference(e3nn, system).forces)
+    network = potential.network
+    potential.to("cpu")
+    assert potential.network is not network
+
+
+def test_kernels_auto_is_e3nn_off_cuda(scale_shift):
+    """``auto`` runs e3nn's kernels where there is no CUDA device."""
+    _, potential = scale_shift
+    assert potential.config()["kernels"] == "auto"
+    assert potential.kernels == "e3nn" and potential.network is potential.model
+
+
+def test_kernels_errors(scale_shift, monkeypatch):
+    from mace.modules import wrapper_ops
+
+    model, potential = scale_shift
+    with pytest.raises(
+        ValueError,
+        match=re.escape("kernels must be one of auto, e3nn, cuequivariance; got 'cueq'"),
+    ):
+        Mace(potential.config()["model"], kernels="cueq")
+    monkeypatch.setattr(wrapper_ops, "CUET_AVAILABLE", False)
+    message = (
+        "kernels = cuequivariance needs cuequivariance-torch: pip install cuequivariance-torch"
+    )
+    with pytest.raises(ImportError, match=re.escape(message)):
+        Mace(potential.config()["model"], kernels="cuequivariance")
+    with pytest.raises(ImportError, match=re.escape(message)):
+        Mace.from_model(model, kernels="cuequivariance")
+
+
+@cueq_only
+def test_converter_limits(monkeypatch):
+    """A model mace-torch's converter does not take (a correlation per layer) is refused on
+    ``kernels = "cuequivariance"``, and runs on e3nn's kernels, with a warning, on ``auto``
+    where cuEquivariance would be used."""
+    model = random_mace(correlation=[3, 2], seed=7)
+    potential = Mace.from_model(model, kernels="cuequivariance")
+    message = "mace-torch's cuEquivariance converter does not take this MACE model ("
+    with pytest.raises(ValueError, match=re.escape(message)):
+        potential.kernels  # noqa: B018 - the network is made when first needed
+    monkeypatch.setattr(mace_module, "_auto_uses_cuequivariance", lambda device: True)
+    auto = Mace.from_model(model)
+    system = triclinic_ar_kr()
+    with pytest.warns(UserWarning, match=re.escape("this MACE model runs on e3nn's kernels")):
+        got = _reference(auto, system)
+    assert auto.kernels == "e3nn"
+    monkeypatch.undo()
+    _assert_equal(got, _reference(Mace.from_model(model), system))
+
+
+def test_openequivariance_is_refused(scale_shift):
+    from types import SimpleNamespace
+
+    model, _ = scale_shift
+    with mace_module._quiet_torchscript():
+        oeq = copy.deepcopy(model)
+    oeq.interactions[0].oeq_config = SimpleNamespace(enabled=True)
+    message = "this MACE model uses OpenEquivariance kernels, which are not supported"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Mace.from_model(oeq)
+
+
+# --- MACE's foundation-model families (random weights of their architectures) --------------
+
+#: MACE-OMOL's charge and spin inputs (mace-torch's embedding_specs)
+CHARGE_SPIN = {
+    "total_charge": {"type": "categorical", "num_classes": 11, "emb_dim": 4},
+    "total_spin": {"type": "categorical", "num_classes": 11, "emb_dim": 4},
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_foundation_families(family, tmp_path):
+    """Each family's blocks and options, shrunk to 4 channels and 3 elements: exported and
+    loaded, equal to mace-torch's forward (every head of a multi-head model loads)."""
+    off = family.startswith("off")
+    model = random_family(family, channels=4, elements=[1, 6, 8] if off else [1, 8, 29])
+    heads = list(model.heads)
+    head = heads[-1]  # the fine-tuned head of a fine-tune; any head of the others
+    potential = load_model(save_model(Mace.from_model(model, head=head), tmp_path / "m.pt"))
+    assert potential.config()["head"] == head
+    system = dataclasses.replace(triclinic_ar_kr(), elements=potential.spec.elements)
+    ref = _reference(potential, system)
+    theirs = mace_forward(model, system, head=head)
+    assert _relative(ref.atom_energies, theirs["atom_energies"]) <= TOLERANCE
+    assert _relative(ref.forces, theirs["forces"]) <= TOLERANCE
+
+
+def test_charge_and_spin_embeddings_are_refused():
+    """MACE-OMOL's charge and spin inputs (``embedding_specs``) are refused at export."""
+    model = random_mace(embedding_specs=CHARGE_SPIN)
+    message = "MACE models with extra embeddings (embedding_specs) are not supported"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Mace.from_model(model)

@@ -12,9 +12,12 @@ strategy (ghost rows refreshed from their owners) and the widened shell (the exc
 identity and ghosts compute their own features).
 
 mace-torch is an optional dependency (``pip install 'nvalchemi-lammps[mace]'``), imported
-only when a MACE model is built. Only the e3nn code path is supported: models converted to
-cuEquivariance or OpenEquivariance must be converted back first (mace-torch's
-``mace_cueq_to_e3nn``).
+only when a MACE model is built. The network runs on e3nn's kernels or on cuEquivariance's
+(``kernels``): the weights are kept, saved and loaded in e3nn's form, and the cuEquivariance
+network is made from them with mace-torch's own converter (``mace.cli.convert_e3nn_cueq``)
+for the device the potential is moved to, then checked against the e3nn network. A model
+built or converted with cuEquivariance is converted back to e3nn's form when exported
+(``mace.cli.convert_cueq_e3nn``). OpenEquivariance models are refused.
 
 The model file holds the MACE hyperparameters as plain data (:meth:`Mace.config`) and the
 weights as tensors; loading it rebuilds the network from mace-torch's classes and never
@@ -47,6 +50,11 @@ MODEL_CLASSES = ("MACE", "ScaleShiftMACE")
 #: Readout classes that take the arguments MACE's constructor passes to ``readout_cls``.
 READOUT_CLASSES = ("NonLinearReadoutBlock", "NonLinearBiasReadoutBlock")
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+#: Which kernels run the network: ``auto`` = cuEquivariance's on a CUDA device where
+#: cuequivariance-torch and its CUDA kernels (cuequivariance-ops-torch) are installed,
+#: e3nn's elsewhere; ``e3nn``; ``cuequivariance`` (on any device: on the CPU, or without the
+#: CUDA kernels, cuEquivariance's pure-torch reference implementation).
+KERNELS = ("auto", "e3nn", "cuequivariance")
 
 #: Keys of :meth:`Mace.config`'s ``model`` entry: MACE's constructor arguments as plain data
 #: (irreps as strings, classes and the gate by name); ``class`` picks the model class.
@@ -92,6 +100,10 @@ _INSTALL_HINT = (
 #: where cuEquivariance is installed (``use_reduced_cg and CUET_AVAILABLE``), on the full
 #: one elsewhere; weights of one basis do not fit the other (``U_matrix_3`` [9,9,9,5] vs
 #: [9,9,9,11]). Model files record the basis the weights were made for.
+_CUEQ_INSTALL = (
+    "cuequivariance-torch: pip install cuequivariance-torch (and, for its CUDA kernels, "
+    "cuequivariance-ops-torch-cu12 or -cu13)"
+)
 _CUEQ_HINT = (
     "its weights were made for cuEquivariance's reduced Clebsch-Gordan basis, which "
     "mace-torch builds only where cuequivariance is installed: pip install "
@@ -105,6 +117,21 @@ def _cueq_available() -> bool:
     from mace.modules import wrapper_ops
 
     return bool(getattr(wrapper_ops, "CUET_AVAILABLE", False))
+
+
+def _cueq_kernels_available() -> bool:
+    """cuEquivariance's CUDA kernels (cuequivariance-ops-torch) can be imported."""
+    try:
+        importlib.import_module("cuequivariance_ops_torch")
+    except Exception:  # noqa: BLE001 - a broken install (missing CUDA libraries) is "no"
+        return False
+    return True
+
+
+def _auto_uses_cuequivariance(device: torch.device) -> bool:
+    """``kernels = "auto"``: cuEquivariance's kernels on a CUDA device where they are
+    installed."""
+    return device.type == "cuda" and _cueq_available() and _cueq_kernels_available()
 
 
 def _basis_mismatch(err: Exception) -> bool:
@@ -213,20 +240,106 @@ def _correlation(product: Any) -> int:
 
 
 def _check_e3nn(model: Any) -> None:
-    for block in [*model.interactions, *model.products]:
-        for name in ("cueq_config", "oeq_config"):
-            config = getattr(block, name, None)
-            if config is not None and getattr(config, "enabled", False):
-                raise ValueError(
-                    f"this MACE model uses {name.split('_')[0]} kernels; only the e3nn code "
-                    "path is supported: convert it back with mace-torch's mace_cueq_to_e3nn"
-                )
+    """``model`` runs on e3nn's kernels (what :func:`model_config` reads)."""
+    if _uses_openequivariance(model):
+        raise ValueError(_OEQ_REFUSED)
     for product in model.products:
         if not type(product.symmetric_contractions).__module__.startswith("mace."):
             raise ValueError(
-                "this MACE model uses cuEquivariance kernels; only the e3nn code path is "
-                "supported: convert it back with mace-torch's mace_cueq_to_e3nn"
+                "this MACE model uses cuEquivariance kernels: convert it with Mace.from_model, "
+                "which takes it back to e3nn's form"
             )
+
+
+_OEQ_REFUSED = (
+    "this MACE model uses OpenEquivariance kernels, which are not supported: convert it back "
+    "to e3nn with mace-torch (mace.cli.convert_oeq_e3nn) or build it without oeq_config"
+)
+
+
+def _uses_openequivariance(model: Any) -> bool:
+    for block in [*model.interactions, *model.products]:
+        config = getattr(block, "oeq_config", None)
+        if config is not None and getattr(config, "enabled", False):
+            return True
+    return False
+
+
+def _uses_cuequivariance(model: Any) -> bool:
+    """``model`` was built or converted with cuEquivariance (``cueq_config`` enabled)."""
+    for block in [*model.interactions, *model.products]:
+        config = getattr(block, "cueq_config", None)
+        if config is not None and getattr(config, "enabled", False):
+            return True
+    return any(
+        type(p.symmetric_contractions).__module__.startswith("cuequivariance")
+        for p in model.products
+    )
+
+
+@contextlib.contextmanager
+def _quiet_cuequivariance() -> Iterator[None]:
+    """cuEquivariance warns once per operation that it falls back to its pure-torch code
+    where its CUDA kernels are not installed (``kernels = "cuequivariance"`` on the CPU asks
+    for that), and mace-torch's converter copies buffers with ``torch.tensor(tensor)``."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore",
+            message=r".*(cuequivariance_ops_torch is not available|backend is not available)",
+            category=UserWarning,
+        )
+        warnings.filterwarnings(
+            "ignore", message=r"To copy construct from a tensor", category=UserWarning
+        )
+        yield
+
+
+def _to_e3nn(model: torch.nn.Module) -> torch.nn.Module:
+    """A cuEquivariance MACE model in e3nn's form, by mace-torch's converter, on the CPU in
+    the model's dtype."""
+    from mace.cli.convert_cueq_e3nn import run
+
+    floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
+    with (
+        _quiet_torchscript(),
+        _quiet_cuequivariance(),
+        _default_dtype(floating[0] if floating else torch.float64),
+    ):
+        return run(model, device="cpu", return_model=True).eval()
+
+
+def _to_cuequivariance(network: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``network`` (e3nn's form) on cuEquivariance's kernels for ``device``, by mace-torch's
+    converter: with its fused convolution on a CUDA device (the layout mace-torch's ML-IAP
+    export uses, ``ir_mul``).
+
+    :raises ValueError: the converter does not take this model
+    """
+    from mace.cli.convert_e3nn_cueq import run
+
+    dtype = next(network.parameters()).dtype
+    cuda = device.type == "cuda"
+    on_device = torch.cuda.device(device) if cuda else contextlib.nullcontext()
+    try:
+        with on_device, _quiet_torchscript(), _quiet_cuequivariance(), _default_dtype(dtype):
+            converted = run(
+                network, device="cuda" if cuda else "cpu", return_model=True, layout="ir_mul"
+            )
+    except (NotImplementedError, KeyError, RuntimeError, ValueError) as err:
+        raise ValueError(
+            f"mace-torch's cuEquivariance converter does not take this MACE model ({err}); "
+            'use kernels = "e3nn"'
+        ) from None
+    return converted.to(device).eval()
+
+
+def _check_model_class(model: Any) -> None:
+    mm = _mace()
+    if type(model) not in (mm.MACE, mm.ScaleShiftMACE):
+        raise ValueError(
+            f"unsupported MACE model class {type(model).__name__} "
+            f"(supported: {', '.join(MODEL_CLASSES)})"
+        )
 
 
 def model_config(model: torch.nn.Module) -> dict[str, Any]:
@@ -238,10 +351,7 @@ def model_config(model: torch.nn.Module) -> dict[str, Any]:
     from e3nn import o3
 
     kind = type(model).__name__
-    if type(model) not in (mm.MACE, mm.ScaleShiftMACE):
-        raise ValueError(
-            f"unsupported MACE model class {kind} (supported: {', '.join(MODEL_CLASSES)})"
-        )
+    _check_model_class(model)
     if hasattr(model, "joint_embedding") or hasattr(model, "embedding_readout"):
         raise ValueError("MACE models with extra embeddings (embedding_specs) are not supported")
     _check_e3nn(model)
@@ -424,16 +534,25 @@ class Mace(Potential):
     :param head: which head of a multi-head model to evaluate (default: the only head, or
         the one named ``default``)
     :param dtype: ``float64`` or ``float32``
+    :param kernels: ``auto`` (default: cuEquivariance's kernels on a CUDA device where
+        cuequivariance-torch and cuequivariance-ops-torch are installed, e3nn's elsewhere),
+        ``e3nn`` or ``cuequivariance`` (on any device; :data:`KERNELS`)
     """
 
     name = "mace"
 
     def __init__(
-        self, model: dict[str, Any], head: str | None = None, dtype: str = "float64"
+        self,
+        model: dict[str, Any],
+        head: str | None = None,
+        dtype: str = "float64",
+        kernels: str = "auto",
     ) -> None:
         super().__init__()
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}; got '{dtype}'")
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {', '.join(KERNELS)}; got '{kernels}'")
         _check_keys(model)
         heads = list(model["heads"])
         self.head_index = _head_index(heads, head)
@@ -449,36 +568,107 @@ class Mace(Potential):
             "model": copy.deepcopy(model),
             "head": heads[self.head_index],
             "dtype": dtype,
+            "kernels": kernels,
         }
+        if kernels == "cuequivariance" and not _cueq_available():
+            raise ImportError(f"kernels = cuequivariance needs {_CUEQ_INSTALL}")
+        # the network that runs: self.model, or its cuEquivariance conversion for the device,
+        # made when first needed after the weights changed device or values (see
+        # _select_kernels); not a submodule, so that weights and model files keep e3nn's form
+        object.__setattr__(self, "_cueq", None)
+        object.__setattr__(self, "_cueq_stale", True)
 
     def config(self) -> dict[str, Any]:
         return copy.deepcopy(self._config)
 
+    @property
+    def kernels(self) -> str:
+        """The kernels the network runs on where its weights are now: ``e3nn`` or
+        ``cuequivariance``."""
+        return "e3nn" if self.network is self.model else "cuequivariance"
+
+    @property
+    def network(self) -> torch.nn.Module:
+        """The mace-torch network that :meth:`forward` runs."""
+        if self._cueq_stale:
+            self._select_kernels()
+        return self.model if self._cueq is None else self._cueq
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Mace:
+        """``to(device)`` and the like: the cuEquivariance network is made again, for the
+        device the weights are on now (its kernels are chosen when it is built)."""
+        super()._apply(fn, recurse)
+        object.__setattr__(self, "_cueq_stale", True)
+        return self
+
+    def _select_kernels(self) -> None:
+        """Make the network of ``kernels`` for the weights' device (see :data:`KERNELS`) and
+        check it against the e3nn network."""
+        choice = self._config["kernels"]
+        device = next(self.model.parameters()).device
+        if choice == "auto":
+            use = _auto_uses_cuequivariance(device)
+        else:
+            use = choice == "cuequivariance"
+        cueq = None
+        if use:
+            try:
+                cueq = _to_cuequivariance(self.model, device)
+                self._check_same_as(cueq, network=self.model)
+            except ValueError as err:
+                if choice != "auto":
+                    raise
+                warnings.warn(f"this MACE model runs on e3nn's kernels: {err}", stacklevel=2)
+                cueq = None
+        object.__setattr__(self, "_cueq", cueq)
+        object.__setattr__(self, "_cueq_stale", False)
+
     @classmethod
     def from_model(
-        cls, model: torch.nn.Module, head: str | None = None, dtype: str | None = None
+        cls,
+        model: torch.nn.Module,
+        head: str | None = None,
+        dtype: str | None = None,
+        kernels: str = "auto",
     ) -> Mace:
         """Wrap a mace-torch model (its weights are copied; ``model`` is left as it is).
 
         The network is rebuilt from its hyperparameters and the copy checked against
         ``model`` on a small cluster of every element.
 
-        :param model: a ``mace.modules.MACE`` or ``ScaleShiftMACE`` on the e3nn code path
+        A model built or converted with cuEquivariance (``cueq_config``) is converted back
+        to e3nn's form by mace-torch's converter first; the rebuilt network is checked
+        against the model as given.
+
+        :param model: a ``mace.modules.MACE`` or ``ScaleShiftMACE`` (e3nn or cuEquivariance)
         :param head: head of a multi-head model (see the class)
         :param dtype: ``float64`` or ``float32``; default: the dtype of ``model``'s weights
+        :param kernels: see the class
         :raises ValueError: the model cannot be rebuilt from plain data
         """
         if dtype is None:
             floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
             source = floating[0] if floating else torch.float64
             dtype = {v: k for k, v in _DTYPES.items()}.get(source, "float64")
-        potential = cls(model_config(model), head=head, dtype=dtype)
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {', '.join(KERNELS)}; got '{kernels}'")
+        if kernels == "cuequivariance" and not _cueq_available():
+            raise ImportError(f"kernels = cuequivariance needs {_CUEQ_INSTALL}")
+        original = model
+        _check_model_class(model)
+        if _uses_openequivariance(model):
+            raise ValueError(_OEQ_REFUSED)
+        if _uses_cuequivariance(model):
+            model = _to_e3nn(model)
+        potential = cls(model_config(model), head=head, dtype=dtype, kernels="e3nn")
         state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
         try:
             potential._load_weights(state)
         except RuntimeError as err:
             raise ValueError(f"the rebuilt MACE model does not take these weights: {err}") from None
-        potential._check_same_as(model)
+        potential._check_same_as(original)
+        potential._config["kernels"] = kernels
+        object.__setattr__(potential, "_cueq_stale", True)
         return potential
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
@@ -494,6 +684,7 @@ class Mace(Potential):
         the one built (a model exported with cuEquivariance installed, loaded without, or
         the other way round) rebuild the network on theirs, or, for the reduced basis
         without cuequivariance, raise ImportError naming the package."""
+        object.__setattr__(self, "_cueq_stale", True)
         try:
             return self.model.load_state_dict(state)
         except RuntimeError as err:
@@ -509,7 +700,11 @@ class Mace(Potential):
 
     @classmethod
     def from_checkpoint(
-        cls, path: str | os.PathLike, head: str | None = None, dtype: str = "float64"
+        cls,
+        path: str | os.PathLike,
+        head: str | None = None,
+        dtype: str = "float64",
+        kernels: str = "auto",
     ) -> Mace:
         """Load a mace-torch model file (``torch.save`` of the model, e.g. ``*.model``).
 
@@ -521,6 +716,7 @@ class Mace(Potential):
         :param path: local path of the checkpoint
         :param head: head of a multi-head model (see the class)
         :param dtype: ``float64`` (default) or ``float32``
+        :param kernels: see the class
         """
         path = Path(path)
         if not path.is_file():
@@ -536,17 +732,17 @@ class Mace(Potential):
                 "alone (a training checkpoint) cannot be used; give the saved model "
                 "(*.model) instead"
             )
-        return cls.from_model(model, head=head, dtype=dtype)
+        return cls.from_model(model, head=head, dtype=dtype, kernels=kernels)
 
     @classmethod
     def from_export_config(cls, config: dict[str, Any]) -> Mace:
         """What ``nvalchemi-lammps export`` builds from a TOML file with
         ``potential = "mace"``: ``checkpoint`` (path of a mace-torch model file, relative
-        to the working directory; required), ``head``, ``dtype``.
+        to the working directory; required), ``head``, ``dtype``, ``kernels``.
 
         The checkpoint is a pickle and is loaded as such (see :meth:`from_checkpoint`).
         """
-        allowed = ("checkpoint", "head", "dtype")
+        allowed = ("checkpoint", "head", "dtype", "kernels")
         unknown = sorted(set(config) - set(allowed))
         if unknown:
             raise ValueError(
@@ -557,14 +753,23 @@ class Mace(Potential):
             raise ValueError('potential mace needs key checkpoint = "<mace-torch model file>"')
         try:
             return cls.from_checkpoint(
-                config["checkpoint"], head=config.get("head"), dtype=config.get("dtype", "float64")
+                config["checkpoint"],
+                head=config.get("head"),
+                dtype=config.get("dtype", "float64"),
+                kernels=config.get("kernels", "auto"),
             )
         except ImportError as err:  # the CLI reports ValueErrors as one line
             raise ValueError(str(err)) from None
 
-    def _check_same_as(self, model: torch.nn.Module) -> None:
+    def _check_same_as(
+        self, model: torch.nn.Module, network: torch.nn.Module | None = None
+    ) -> None:
         """The rebuilt network gives ``model``'s energies and pair forces on a small cluster
-        of every element (the same code on the same weights: equal up to dtype rounding)."""
+        of every element (the same code on the same weights: equal up to dtype rounding).
+
+        :param network: the network to check (default: the rebuilt one, ``self.model``);
+            with ``model`` its cuEquivariance conversion, which must agree with it
+        """
         n = len(self.spec.elements)
         count = max(8, 2 * n)
         side = round(count ** (1 / 3) + 0.5)
@@ -590,12 +795,18 @@ class Mace(Potential):
             (grad,) = torch.autograd.grad(energies.sum(), leaf)
             return energies.detach().double().cpu(), grad.double().cpu()
 
-        mine = run(self.model, self.spec.torch_dtype, torch.device("cpu"))
+        mine = self.model if network is None else network
+        mine = run(mine, self.spec.torch_dtype, next(mine.parameters()).device)
         theirs = run(model, their_dtype, device)
         tol = 1e-5 if torch.float32 in (self.spec.torch_dtype, their_dtype) else 1e-10
         for a, b in zip(mine, theirs):
             scale = float(b.abs().max())
             if not float((a - b).abs().max()) <= tol * (scale or 1.0):
+                if network is not None:
+                    raise ValueError(
+                        "this MACE model converted to cuEquivariance by mace-torch gives other "
+                        'energies or forces than on e3nn; use kernels = "e3nn"'
+                    )
                 raise ValueError(
                     "the MACE model rebuilt from its hyperparameters gives other energies or "
                     "forces than the original; this MACE variant is not supported"
@@ -616,10 +827,13 @@ class Mace(Potential):
         compiled = copy.copy(self)
         compiled._modules = dict(self._modules)
         compiled.model = simplify(network).to(next(self.model.parameters())).eval()
+        # compiled code runs e3nn's kernels (cuEquivariance's are not traced here)
+        object.__setattr__(compiled, "_cueq", None)
+        object.__setattr__(compiled, "_cueq_stale", False)
         return compiled
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:
-        return _node_energies(self.model, graph, self.head_index, self.spec.torch_dtype)
+        return _node_energies(self.network, graph, self.head_index, self.spec.torch_dtype)
 
 
 def _node_energies(
