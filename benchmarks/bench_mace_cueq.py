@@ -41,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from nvalchemi_lammps import evaluate
+from nvalchemi_lammps import LocalGraph, evaluate
 from nvalchemi_lammps.potentials import mace as mace_module
 from nvalchemi_lammps.reference import evaluate_reference, neighbor_pairs
 
@@ -110,7 +110,7 @@ def our_call(potential, n: int, pairs, device: str, species: int):
         torch.from_numpy(pairs.pair_j).to(device),
         torch.from_numpy(pairs.rij).to(device),
     ]
-    return lambda: evaluate(potential, n, *args)
+    return lambda: evaluate(potential, LocalGraph(n, *args))
 
 
 def mace_batch(model, positions, cell, symbol: str, dtype: torch.dtype, device: str) -> dict:
@@ -191,7 +191,7 @@ def empty_ranks(potential, device: str) -> dict:
     for name, (nlocal, ntotal) in {"no atoms": (0, 0), "atoms, no pairs": (3, 5)}.items():
         species = torch.zeros(ntotal, dtype=torch.int64, device=device)
         try:
-            result = evaluate(potential, nlocal, species, none, none, rij)
+            result = evaluate(potential, LocalGraph(nlocal, species, none, none, rij))
             out[name] = "ok" if result.atom_energies.shape == (nlocal,) else "wrong shape"
         except Exception as err:  # noqa: BLE001 - recorded with the results
             out[name] = repr(err)
