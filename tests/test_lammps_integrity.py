@@ -14,7 +14,7 @@ from _broken_models import ExitingLennardJones, NonFiniteLennardJones, importabl
 from lammps_helpers import AR_EPSILON, AR_SIGMA, CUTOFF, NE_EPSILON, NE_SIGMA
 
 from nvalchemi_lammps import LennardJones, save_model
-from nvalchemi_lammps._model_file import read_record
+from nvalchemi_lammps._model_file import FORMAT_VERSION, read_record
 from nvalchemi_lammps.frontends.mliap import MLIAPModel
 from nvalchemi_lammps.lammps_run import lammps_command, run_command, run_lammps
 
@@ -277,5 +277,6 @@ def test_string_format_version_says_what_is_wrong(nprocs, argon_data, tmp_path):
     _assert_fails_with(
         run,
         f"cannot load model {model}",
-        "has format version '2' (str), where nvalchemi-lammps writes an integer, now 2",
+        f"has format version '{FORMAT_VERSION}' (str), where nvalchemi-lammps writes an "
+        f"integer, now {FORMAT_VERSION}",
     )
