@@ -13,6 +13,7 @@ import ctypes
 import math
 import os
 import sys
+import time
 import warnings
 from typing import Any
 
@@ -103,6 +104,9 @@ def _abort_if_parallel(error: BaseException) -> None:
         file=sys.stderr,
         flush=True,
     )
+    # the launcher forwards each rank's output through a pipe and drops what it has not read
+    # when MPI_Abort tears the job down: give it a moment (the run is over anyway)
+    time.sleep(0.5)
     lib.MPI_Abort(world, 1)
 
 
