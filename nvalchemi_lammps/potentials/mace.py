@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from ..contract import LocalGraph, ModelSpec
+from ..contract import LocalGraph, ModelSpec, check_keys
 from ._base import Potential, register_potential
 from ._layers import energy_rows, receiving_pairs, scattered, updated_rows, with_ghost_rows
 
@@ -742,13 +742,7 @@ class Mace(Potential):
 
         The checkpoint is a pickle and is loaded as such (see :meth:`from_checkpoint`).
         """
-        allowed = ("checkpoint", "head", "dtype", "kernels")
-        unknown = sorted(set(config) - set(allowed))
-        if unknown:
-            raise ValueError(
-                f"unknown key(s) {', '.join(unknown)} for potential mace "
-                f"(allowed: potential, {', '.join(allowed)})"
-            )
+        check_keys(config, "potential mace", ("checkpoint", "head", "dtype", "kernels"))
         if "checkpoint" not in config:
             raise ValueError('potential mace needs key checkpoint = "<mace-torch model file>"')
         try:

@@ -61,7 +61,7 @@ from typing import Any
 
 import torch
 
-from ..contract import LocalGraph, ModelSpec
+from ..contract import LocalGraph, ModelSpec, check_keys
 from ._base import Potential, register_potential
 from ._charge import checked_total_charge
 from ._quiet import without_warp_banner
@@ -436,15 +436,7 @@ class Uma(Potential):
         if "checkpoint" in config:
             return cls._from_checkpoint_config(config)
         allowed = ("seed", "backbone", "elements", "task", "spin", "dtype")
-        unknown = sorted(set(config) - set(allowed))
-        if unknown:
-            raise ValueError(
-                f"unknown key(s) {', '.join(unknown)} for potential uma "
-                f"(allowed: potential, {', '.join(allowed)})"
-            )
-        missing = [k for k in ("seed", "backbone", "elements", "task") if k not in config]
-        if missing:
-            raise ValueError(f"potential uma needs key(s) {', '.join(missing)}")
+        check_keys(config, "potential uma", allowed, ("seed", "backbone", "elements", "task"))
         try:
             return cls.random_weights(
                 dict(config["backbone"]),
@@ -460,12 +452,7 @@ class Uma(Potential):
     @classmethod
     def _from_checkpoint_config(cls, config: dict[str, Any]) -> Uma:
         allowed = ("checkpoint", "elements", "task", "spin", "dtype")
-        unknown = sorted(set(config) - set(allowed))
-        if unknown:
-            raise ValueError(
-                f"unknown key(s) {', '.join(unknown)} for potential uma from a checkpoint "
-                f"(allowed: potential, {', '.join(allowed)})"
-            )
+        check_keys(config, "potential uma from a checkpoint", allowed)
         if "task" not in config:
             raise ValueError("potential uma needs key(s) task")
         elements = config.get("elements")
