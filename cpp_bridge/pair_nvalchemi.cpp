@@ -82,7 +82,7 @@ class PairCollectives : public Collectives {
 /* ---------------------------------------------------------------------- */
 
 PairNvalchemi::PairNvalchemi(LAMMPS *lmp) :
-    Pair(lmp), session(nullptr), cutoff(0.0), layers(1), shell(0), map(nullptr),
+    Pair(lmp), session(nullptr), layers(1), shell(0), map(nullptr),
     compiling(false), compiled_before(0),
     exchange_rows(nullptr), exchange_width(0), exchange_offset(0), exchange_count(0), maxatom(0),
     maxpair(0),
@@ -446,6 +446,7 @@ void PairNvalchemi::transfer(const void *send, void *recv, int width, bool singl
 int PairNvalchemi::pairs_in_cutoff()
 {
   double **x = atom->x;
+  const double cutoff = session->cutoff();
   const double cutsq_model = cutoff * cutoff;
   int npairs = 0;
   for (int k = 0; k < ncandidates; k++) {
@@ -558,7 +559,6 @@ void PairNvalchemi::settings(int narg, char **arg)
   }
   compiling = compile_mode != "no";
   compiled_before = 0;
-  cutoff = session->cutoff();
   layers = session->layers();
   shell = session->strategy() == "shell" ? 1 : 0;
   ghostneigh = shell;
@@ -747,10 +747,10 @@ void PairNvalchemi::init_style()
 
 double PairNvalchemi::init_one(int i, int j)
 {
-  if (!shell) return cutoff;
-  // ghosts reach layers x cutoff deep (the session's decision); only pairs within the
-  // cutoff are used
-  cutghost[i][j] = cutghost[j][i] = cutoff;
+  // both cutoffs are the session's strategy decision (contract.resolve_strategy)
+  if (!shell) return session->cutoff();
+  // ghosts reach layers x cutoff deep; only pairs within the cutoff are used
+  cutghost[i][j] = cutghost[j][i] = session->cutoff();
   return session->ghost_cutoff();
 }
 

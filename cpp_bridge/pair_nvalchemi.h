@@ -54,7 +54,6 @@ class PairNvalchemi : public Pair {
 
  protected:
   NvalchemiLammps::PythonSession *session;
-  double cutoff;    // the model's pair cutoff
   int layers;       // message-passing steps of the model (1 = strictly local)
   int shell;        // 1: ghost shell of layers x cutoff with ghost pairs, no exchange
   int *map;         // LAMMPS type -> model element index, -1 for NULL

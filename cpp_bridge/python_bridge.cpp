@@ -358,11 +358,9 @@ PythonSession::PythonSession(const std::string &model_path, int num_threads,
   PyRef on_device(PyObject_GetAttrString(session.get(), "on_device"));
   if (!on_device) raise_python_error("");
   on_device_ = PyObject_IsTrue(on_device.get()) == 1;
-  PyRef cutoff(PyObject_GetAttrString(session.get(), "cutoff"));
   PyRef units(PyObject_GetAttrString(session.get(), "units"));
   PyRef description(PyObject_CallMethod(session.get(), "describe", nullptr));
-  if (!cutoff || !units || !description) raise_python_error("");
-  cutoff_ = PyFloat_AsDouble(cutoff.get());
+  if (!units || !description) raise_python_error("");
   const char *units_text = PyUnicode_AsUTF8(units.get());
   const char *description_text = PyUnicode_AsUTF8(description.get());
   if (PyErr_Occurred() || !units_text || !description_text) raise_python_error("");
@@ -404,8 +402,10 @@ void PythonSession::set_strategy(const std::string &strategy)
   const char *text = name ? PyUnicode_AsUTF8(name.get()) : nullptr;
   if (!text) raise_python_error("");
   strategy_ = text;
+  PyRef cutoff(PyObject_GetAttrString(session, "cutoff"));
   PyRef ghost(PyObject_GetAttrString(session, "ghost_cutoff"));
-  if (!ghost) raise_python_error("");
+  if (!cutoff || !ghost) raise_python_error("");
+  cutoff_ = PyFloat_AsDouble(cutoff.get());
   ghost_cutoff_ = PyFloat_AsDouble(ghost.get());
   if (PyErr_Occurred()) raise_python_error("");
 }

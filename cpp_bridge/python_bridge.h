@@ -65,14 +65,14 @@ class PythonSession {
   PythonSession(const PythonSession &) = delete;
   PythonSession &operator=(const PythonSession &) = delete;
 
-  double cutoff() const { return cutoff_; }
   int layers() const { return layers_; }
   // the model also reads positions, charges and the cell (non-pairwise terms)
   bool needs_positions() const { return needs_positions_; }
-  // the strategy the session decided (set_strategy): "local", "exchange" or "shell", and
-  // the ghost shell it needs
+  // the strategy the session decided (set_strategy): "local", "exchange" or "shell", the
+  // pair cutoff and the ghost shell it needs (read back together from that one decision)
   const std::string &strategy() const { return strategy_; }
   bool uses_exchange() const { return strategy_ == "exchange"; }
+  double cutoff() const { return cutoff_; }
   double ghost_cutoff() const { return ghost_cutoff_; }
   const std::string &units() const { return units_; }
   const std::string &description() const { return description_; }

@@ -1,4 +1,4 @@
-"""What every subcommand module shares: its own ``main(argv=None)``."""
+"""What every subcommand module shares: its own ``main(argv=None)``, and on/off switches."""
 
 from __future__ import annotations
 
@@ -15,3 +15,8 @@ def subcommand_main(module: ModuleType, name: str, argv: list[str] | None) -> in
     )
     module.add_arguments(parser)
     return module.run(parser.parse_args(argv))
+
+
+def add_switch(parser: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """An on-by-default switch ``--flag`` / ``--no-flag``."""
+    parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=True, help=help)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._command import subcommand_main
+from ._command import add_switch, subcommand_main
 
 HELP = "run argon with pair_style nvalchemi and with lj/cut under mpirun and compare"
 #: Largest relative difference of step-0 energy, pressure and forces that passes.
@@ -183,11 +183,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="keep model, inputs, logs and dumps here (default: a temporary folder)",
     )
-    parser.add_argument(
-        "--reference",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="also run LAMMPS's own pair_style lj/cut and compare (default: yes)",
+    add_switch(
+        parser, "--reference", "also run LAMMPS's own pair_style lj/cut and compare (default: yes)"
     )
 
 

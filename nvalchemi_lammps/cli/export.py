@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._command import subcommand_main
+from ._command import add_switch, subcommand_main
 
 if TYPE_CHECKING:
     from ..potentials import Potential
@@ -128,11 +128,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MODEL.pt",
         help=f"model file to write (suffix {MODEL_SUFFIX})",
     )
-    parser.add_argument(
-        "--check",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="load the written file back and compare it with the configured potential",
+    add_switch(
+        parser, "--check", "load the written file back and compare it with the configured potential"
     )
 
 

@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ._command import subcommand_main
+from ._command import add_switch, subcommand_main
 
 HELP = "report LAMMPS, MPI, torch and whether pair_style nvalchemi works"
 #: Seconds the LAMMPS probe may take (it imports torch and runs a two-atom model).
@@ -198,11 +198,10 @@ def report(lammps: dict[str, Any]) -> tuple[list[str], bool]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    add_switch(
+        parser,
         "--check",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="run two atoms through pair_style nvalchemi with the built-in argon model",
+        "run two atoms through pair_style nvalchemi with the built-in argon model",
     )
 
 

@@ -7,7 +7,7 @@ side knows the other: every hook of a potential is declared on :class:`Potential
 
 from ._comm import Comm, NoOpComm, with_adjoint
 from ._graph import LocalGraph
-from ._potential import Potential
+from ._potential import Potential, check_keys
 from ._spec import STRATEGIES, UNIT_STYLES, ModelSpec
 from ._strategy import REPORT_ENV, Strategy, resolve_strategy
 
@@ -21,6 +21,7 @@ __all__ = [
     "NoOpComm",
     "Potential",
     "Strategy",
+    "check_keys",
     "resolve_strategy",
     "with_adjoint",
 ]

@@ -5,13 +5,33 @@ potential whether it has a method."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from ._graph import LocalGraph
 from ._spec import ModelSpec
+
+
+def check_keys(
+    config: dict[str, Any], what: str, allowed: Sequence[str], required: Sequence[str] = ()
+) -> None:
+    """Refuse an export configuration (a TOML table less its ``potential`` key) with a key
+    not in ``allowed``, or without one of ``required``.
+
+    :param what: the configuration in messages, e.g. ``potential mace``
+    :raises ValueError: naming the unknown keys and the allowed ones, or the missing ones
+    """
+    unknown = sorted(set(config) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {', '.join(unknown)} for {what} "
+            f"(allowed: potential, {', '.join(allowed)})"
+        )
+    missing = [k for k in required if k not in config]
+    if missing:
+        raise ValueError(f"{what} needs key(s) {', '.join(missing)}")
 
 
 class Potential(torch.nn.Module):
@@ -61,16 +81,8 @@ class Potential(torch.nn.Module):
         """
         parameters = inspect.signature(cls.__init__).parameters
         allowed = [p for p in parameters if p != "self"]
-        unknown = sorted(set(config) - set(allowed))
-        if unknown:
-            raise ValueError(
-                f"unknown key(s) {', '.join(unknown)} for potential {cls.name} "
-                f"(allowed: potential, {', '.join(allowed)})"
-            )
         required = [p for p in allowed if parameters[p].default is inspect.Parameter.empty]
-        missing = [p for p in required if p not in config]
-        if missing:
-            raise ValueError(f"potential {cls.name} needs key(s) {', '.join(missing)}")
+        check_keys(config, f"potential {cls.name}", allowed, required)
         return cls.from_config(config)
 
     def outputs(self, graph: LocalGraph) -> dict[str, torch.Tensor]:

@@ -61,12 +61,10 @@ class PluginSession:
         # what the ranks compare at init: the same model everywhere
         self.digest, self.digest_verified = loaded.digest, loaded.verified
         spec = self.potential.spec
-        self.cutoff = float(spec.cutoff)
         self.units = spec.units
         self.elements = list(spec.elements)
-        self.layers = int(spec.layers)
         self.needs_positions = bool(spec.needs_positions)
-        self.set_strategy("auto")
+        self.set_strategy("auto")  # cutoff, layers, ghost_cutoff: the decision's
         self.total_charge = 0.0
         self.spin: int | None = None
         self.task: str | None = None
@@ -102,7 +100,10 @@ class PluginSession:
         decision = resolve_strategy(self.potential.spec, strategy, self.potential.name)
         self.strategy = decision.name
         self.uses_exchange = decision.exchange
+        # the cutoffs the pair style reads back, from the one record that decides them
+        self.cutoff = decision.cutoff
         self.ghost_cutoff = decision.ghost_cutoff
+        self.layers = decision.layers
         folder = os.environ.get(REPORT_ENV)
         if folder:
             _write_json(Path(folder) / f"strategy-{os.getpid()}.json", decision.to_dict())

@@ -75,18 +75,48 @@ def plane_spacings(cell: torch.Tensor) -> list[float]:
     return [1.0 / float(n) for n in torch.linalg.inv(cell).norm(dim=0)]
 
 
+def per_direction(
+    potential: str,
+    what: str,
+    value: int | list[int] | None,
+    alpha: float | None,
+    accuracy: float | None,
+) -> list[int] | None:
+    """The reciprocal-space resolution ``value`` (Ewald's ``kmax``, PME's ``mesh``) as three
+    integers, one per lattice direction (``None``: derived from ``accuracy``).
+
+    :raises ValueError: neither ``alpha`` with ``value`` nor ``accuracy`` given
+    """
+    if accuracy is None and (alpha is None or value is None):
+        raise ValueError(f"{potential} needs alpha and {what}, or accuracy to derive them")
+    if value is None:
+        return None
+    return [int(value)] * 3 if isinstance(value, int) else [int(v) for v in value]
+
+
 class Coulomb(Potential):
     """Base of :class:`~nvalchemi_lammps.potentials.ewald.Ewald` and
     :class:`~nvalchemi_lammps.potentials.pme.Pme`: charges, real space, self and
     background, slab correction, checks. A subclass derives its reciprocal-space
     resolution (:meth:`_resolution`) and sums reciprocal space (:meth:`_reciprocal`).
 
+    The parameters both take (each subclass adds its resolution parameters):
+
+    :param elements: element names
+    :param cutoff: real-space cutoff (length)
+    :param alpha: Ewald splitting parameter (1/length); left out: from ``accuracy``
+    :param accuracy: relative force accuracy, as in ``kspace_style ewald|pppm <accuracy>``;
+        with an explicit ``alpha`` it is checked against the real-space cutoff
+    :param charges: fixed charge per element; left out: the per-atom charges LAMMPS has
+        (``atom_style charge`` or ``full``); given: LAMMPS's charges are ignored
     :param slab: volume factor of the slab correction (LAMMPS's ``kspace_modify slab``,
         usually 3.0) for a box periodic in x and y only (``boundary p p f``); left out: a
         box periodic in x, y and z
     :param background: a system with a net charge gets the neutralizing background (as
         LAMMPS adds it, which warns only); left out or false, a net charge above
         :data:`NET_CHARGE_LIMIT` is an error
+    :param units: ``metal`` (eV, Angstrom, e) or ``real`` (kcal/mol, Angstrom, e)
+    :param dtype: ``float64`` or ``float32``
     """
 
     def __init__(

@@ -1,10 +1,12 @@
-"""Importing model packages without their start-up noise."""
+"""Importing and building model packages without their noise: start-up banners, warnings
+about the package rather than the model."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import sys
+import warnings
 from collections.abc import Iterator
 
 #: How the lines of Warp's start-up banner begin (printed when a package initializes Warp).
@@ -22,3 +24,13 @@ def without_warp_banner() -> Iterator[None]:
         for line in captured.getvalue().splitlines():
             if not line.startswith(_WARP_BANNER):
                 print(line, file=sys.stdout)
+
+
+@contextlib.contextmanager
+def without_warnings(*ignored: tuple[str, type[Warning]]) -> Iterator[None]:
+    """Ignore, inside the block, the warnings of each ``(message, category)``: ``message``
+    a regular expression matched at the start of the warning's text."""
+    with warnings.catch_warnings():
+        for message, category in ignored:
+            warnings.filterwarnings("ignore", message=message, category=category)
+        yield

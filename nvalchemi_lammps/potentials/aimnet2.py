@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from ..contract import LocalGraph, ModelSpec
+from ..contract import LocalGraph, ModelSpec, check_keys
 from ._base import Potential, register_potential
 from ._charge import checked_total_charge
 from ._quiet import without_warp_banner
@@ -302,13 +302,7 @@ class AIMNet2(Potential):
         (random weights from aimnet's packaged architecture), ``elements`` (required with
         ``seed``), ``dtype``.
         """
-        allowed = ("checkpoint", "seed", "elements", "dtype")
-        unknown = sorted(set(config) - set(allowed))
-        if unknown:
-            raise ValueError(
-                f"unknown key(s) {', '.join(unknown)} for potential aimnet2 "
-                f"(allowed: potential, {', '.join(allowed)})"
-            )
+        check_keys(config, "potential aimnet2", ("checkpoint", "seed", "elements", "dtype"))
         if ("checkpoint" in config) == ("seed" in config):
             raise ValueError(
                 'potential aimnet2 needs either checkpoint = "<aimnet model file>" or '

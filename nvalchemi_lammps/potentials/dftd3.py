@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ..contract import LocalGraph, ModelSpec
+from ..contract import LocalGraph, ModelSpec, check_keys
 from ._base import Potential, register_potential
 
 _SYMBOLS = (
@@ -308,15 +308,7 @@ class DFTD3(Potential):
         """
         arguments = inspect.signature(cls.__init__).parameters
         allowed = [*(k for k in arguments if k not in ("self", "reference")), "parameter_file"]
-        unknown = sorted(set(config) - set(allowed))
-        if unknown:
-            raise ValueError(
-                f"unknown key(s) {', '.join(unknown)} for potential dftd3 "
-                f"(allowed: potential, {', '.join(allowed)})"
-            )
-        missing = [k for k in ("elements", "cutoff", "cn_cutoff") if k not in config]
-        if missing:
-            raise ValueError(f"potential dftd3 needs key(s) {', '.join(missing)}")
+        check_keys(config, "potential dftd3", allowed, ("elements", "cutoff", "cn_cutoff"))
         config = dict(config)
         parameter_file = config.pop("parameter_file", None)
         try:

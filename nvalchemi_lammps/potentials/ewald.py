@@ -20,7 +20,7 @@ import torch
 
 from ..contract import LocalGraph
 from ._base import register_potential
-from ._coulomb import QQR2E, Coulomb, lammps_g_ewald, plane_spacings
+from ._coulomb import QQR2E, Coulomb, lammps_g_ewald, per_direction, plane_spacings
 
 __all__ = ["QQR2E", "Ewald", "lammps_g_ewald", "lammps_kmax"]
 
@@ -65,18 +65,9 @@ class Ewald(Coulomb):
     ``|n_d| <= kmax_d`` inside the sphere through the largest ``kmax_d`` along a lattice
     direction, the same set as LAMMPS's for an orthogonal box.
 
-    :param elements: element names
-    :param cutoff: real-space cutoff (length)
-    :param alpha: Ewald splitting parameter (1/length); left out: from ``accuracy``
     :param kmax: k-vectors per direction (one integer, or three); left out: from ``accuracy``
-    :param accuracy: relative force accuracy, as in ``kspace_style ewald <accuracy>``; with
-        an explicit ``alpha`` it is checked against the real-space cutoff
-    :param charges: fixed charge per element; left out: the per-atom charges LAMMPS has
-        (``atom_style charge`` or ``full``); given: LAMMPS's charges are ignored
-    :param slab: slab volume factor for ``boundary p p f`` (``kspace_modify slab``)
-    :param background: allow a net charge, with the neutralizing background
-    :param units: ``metal`` (eV, Angstrom, e) or ``real`` (kcal/mol, Angstrom, e)
-    :param dtype: ``float64`` or ``float32``
+
+    The other parameters are :class:`~._coulomb.Coulomb`'s.
     """
 
     name = "ewald"
@@ -94,13 +85,9 @@ class Ewald(Coulomb):
         units: str = "metal",
         dtype: str = "float64",
     ) -> None:
-        if accuracy is None and (alpha is None or kmax is None):
-            raise ValueError("ewald needs alpha and kmax, or accuracy to derive them")
-        kmax_list = None
-        if kmax is not None:
-            kmax_list = [int(kmax)] * 3 if isinstance(kmax, int) else [int(k) for k in kmax]
-            if len(kmax_list) != 3 or min(kmax_list) < 1:
-                raise ValueError(f"kmax must be a positive integer or three of them, got {kmax}")
+        kmax_list = per_direction(self.name, "kmax", kmax, alpha, accuracy)
+        if kmax_list is not None and (len(kmax_list) != 3 or min(kmax_list) < 1):
+            raise ValueError(f"kmax must be a positive integer or three of them, got {kmax}")
         super().__init__(elements, cutoff, alpha, accuracy, charges, slab, background, units, dtype)
         self.kmax = None if kmax_list is None else tuple(kmax_list)
         self._config["kmax"] = kmax_list

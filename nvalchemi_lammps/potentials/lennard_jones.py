@@ -123,6 +123,13 @@ class LennardJones(Potential):
         self.register_buffer("lj4", lj4.to(dt))
         self.register_buffer("offset", offset.to(dt))
         self.register_buffer("cutsq", (cut_t * cut_t).to(dt))
+        #: ``epsilon``, ``sigma`` and cutoff of every element pair (mixing rule, then ``pairs``)
+        self.pair_tables = (eps, sig, cut)
+        self._check_backend()
+
+    def _check_backend(self) -> None:
+        """Refuse construction when what evaluates the energy is missing (a subclass's
+        kernels); here plain torch, always there."""
 
     def config(self) -> dict[str, Any]:
         return dict(self._config)

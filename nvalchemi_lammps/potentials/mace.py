@@ -41,9 +41,10 @@ from typing import Any
 
 import torch
 
-from ..contract import LocalGraph, ModelSpec
+from ..contract import LocalGraph, ModelSpec, check_keys
 from ._base import Potential, register_potential
 from ._layers import energy_rows, receiving_pairs, scattered, updated_rows, with_ghost_rows
+from ._quiet import without_warnings
 
 #: The mace-torch model classes whose forward this module reproduces.
 MODEL_CLASSES = ("MACE", "ScaleShiftMACE")
@@ -142,23 +143,14 @@ def _basis_mismatch(err: Exception) -> bool:
 # --- importing mace-torch without its side effects -----------------------------------------
 
 
-@contextlib.contextmanager
-def _quiet_torchscript() -> Iterator[None]:
+def _quiet_torchscript() -> contextlib.AbstractContextManager[None]:
     """e3nn builds its modules with ``torch.jit.script`` (and pickles them through
     ``torch.jit.save``/``load``), which recent torch deprecates and which warns about e3nn's
     annotations; those warnings say nothing about the model."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore",
-            message=r"`torch\.jit\.(script|save|load)` is deprecated",
-            category=DeprecationWarning,
-        )
-        warnings.filterwarnings(
-            "ignore",
-            message=r"The TorchScript type system doesn't support instance-level annotations",
-            category=UserWarning,
-        )
-        yield
+    return without_warnings(
+        (r"`torch\.jit\.(script|save|load)` is deprecated", DeprecationWarning),
+        (r"The TorchScript type system doesn't support instance-level annotations", UserWarning),
+    )
 
 
 _MACE: Any = None
@@ -277,21 +269,14 @@ def _uses_cuequivariance(model: Any) -> bool:
     )
 
 
-@contextlib.contextmanager
-def _quiet_cuequivariance() -> Iterator[None]:
+def _quiet_cuequivariance() -> contextlib.AbstractContextManager[None]:
     """cuEquivariance warns once per operation that it falls back to its pure-torch code
     where its CUDA kernels are not installed (``kernels = "cuequivariance"`` on the CPU asks
     for that), and mace-torch's converter copies buffers with ``torch.tensor(tensor)``."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore",
-            message=r".*(cuequivariance_ops_torch is not available|backend is not available)",
-            category=UserWarning,
-        )
-        warnings.filterwarnings(
-            "ignore", message=r"To copy construct from a tensor", category=UserWarning
-        )
-        yield
+    return without_warnings(
+        (r".*(cuequivariance_ops_torch is not available|backend is not available)", UserWarning),
+        (r"To copy construct from a tensor", UserWarning),
+    )
 
 
 def _to_e3nn(model: torch.nn.Module) -> torch.nn.Module:
@@ -742,13 +727,7 @@ class Mace(Potential):
 
         The checkpoint is a pickle and is loaded as such (see :meth:`from_checkpoint`).
         """
-        allowed = ("checkpoint", "head", "dtype", "kernels")
-        unknown = sorted(set(config) - set(allowed))
-        if unknown:
-            raise ValueError(
-                f"unknown key(s) {', '.join(unknown)} for potential mace "
-                f"(allowed: potential, {', '.join(allowed)})"
-            )
+        check_keys(config, "potential mace", ("checkpoint", "head", "dtype", "kernels"))
         if "checkpoint" not in config:
             raise ValueError('potential mace needs key checkpoint = "<mace-torch model file>"')
         try:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..contract import STRATEGIES, LocalGraph, ModelSpec
+from ..contract import STRATEGIES, LocalGraph, ModelSpec, check_keys
 from ._base import Potential, potential_class, register_potential
 
 #: Relative slack when comparing ``layers x cutoff`` reaches (they are products of floats).
@@ -144,12 +144,7 @@ class Pipeline(Potential):
         term that reads predicted charges."""
         from ._config import potential_from_config
 
-        unknown = sorted(set(config) - {"terms"})
-        if unknown:
-            raise ValueError(
-                f"unknown key(s) {', '.join(unknown)} for potential pipeline "
-                "(allowed: potential, terms)"
-            )
+        check_keys(config, "potential pipeline", ("terms",))
         entries = config.get("terms")
         if not isinstance(entries, list) or not entries:
             raise ValueError("potential pipeline needs [[terms]] tables, one per term")

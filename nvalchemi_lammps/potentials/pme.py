@@ -26,7 +26,7 @@ import torch
 
 from ..contract import LocalGraph
 from ._base import register_potential
-from ._coulomb import Coulomb, lammps_g_ewald, plane_spacings, real_space_error
+from ._coulomb import Coulomb, lammps_g_ewald, per_direction, plane_spacings, real_space_error
 
 #: Spline orders PME accepts: from 3 (smooth forces; order 2 would give piecewise-constant
 #: ones) to LAMMPS's ``MAXORDER`` 7, the highest its error estimate covers.
@@ -158,19 +158,11 @@ class Pme(Coulomb):
     accuracy gives the same alpha and mesh as LAMMPS; the error of this method on that mesh
     is not LAMMPS's (docs/electrostatics.md has the measured numbers).
 
-    :param elements: element names
-    :param cutoff: real-space cutoff (length)
-    :param alpha: Ewald splitting parameter (1/length); left out: from ``accuracy``
     :param mesh: mesh points per lattice direction (one integer, or three); left out: from
         ``accuracy``
     :param order: B-spline order, 3 to 7 (LAMMPS's ``kspace_modify order``, default 5)
-    :param accuracy: relative force accuracy, as in ``kspace_style pppm <accuracy>``; with
-        an explicit ``alpha`` it is checked against the real-space cutoff
-    :param charges: fixed charge per element; left out: LAMMPS's per-atom charges
-    :param slab: slab volume factor for ``boundary p p f`` (``kspace_modify slab``)
-    :param background: allow a net charge, with the neutralizing background
-    :param units: ``metal`` or ``real``
-    :param dtype: ``float64`` or ``float32``
+
+    The other parameters are :class:`~._coulomb.Coulomb`'s.
     """
 
     name = "pme"
@@ -189,20 +181,15 @@ class Pme(Coulomb):
         units: str = "metal",
         dtype: str = "float64",
     ) -> None:
-        if accuracy is None and (alpha is None or mesh is None):
-            raise ValueError("pme needs alpha and mesh, or accuracy to derive them")
+        mesh_list = per_direction(self.name, "mesh", mesh, alpha, accuracy)
         if order not in ORDERS:
             raise ValueError(
                 f"order must be 3 to 7 (B-spline order, as kspace_modify order), got {order}"
             )
-        mesh_list = None
-        if mesh is not None:
-            mesh_list = [int(mesh)] * 3 if isinstance(mesh, int) else [int(m) for m in mesh]
-            if len(mesh_list) != 3 or min(mesh_list) < order:
-                raise ValueError(
-                    f"mesh must be one integer or three, each at least the order {order}; "
-                    f"got {mesh}"
-                )
+        if mesh_list is not None and (len(mesh_list) != 3 or min(mesh_list) < order):
+            raise ValueError(
+                f"mesh must be one integer or three, each at least the order {order}; got {mesh}"
+            )
         super().__init__(elements, cutoff, alpha, accuracy, charges, slab, background, units, dtype)
         self.mesh = None if mesh_list is None else tuple(mesh_list)
         self.order = int(order)

@@ -24,7 +24,7 @@ from torch.autograd.function import once_differentiable
 
 from ..contract import LocalGraph
 from ._base import register_potential
-from .lennard_jones import LennardJones, _mix
+from .lennard_jones import LennardJones
 
 
 def _kernel():
@@ -74,26 +74,6 @@ class _KernelPairEnergies(torch.autograd.Function):
         return 0.5 * grad[:, None] * dv_drij, None, None, None
 
 
-def _pair_tables(config: dict[str, Any]) -> tuple[list[list[float]], ...]:
-    """``epsilon``, ``sigma`` and cutoff of every element pair, as :class:`LennardJones`
-    builds them: mixing rule, then explicit ``pairs``."""
-    elements = config["elements"]
-    n = len(elements)
-    eps = [[0.0] * n for _ in range(n)]
-    sig = [[0.0] * n for _ in range(n)]
-    cut = [[config["cutoff"]] * n for _ in range(n)]
-    for a, b in itertools.product(range(n), repeat=2):
-        ea, eb = elements[a], elements[b]
-        e, s = config["epsilon"], config["sigma"]
-        eps[a][b], sig[a][b] = _mix(config["mixing"], e[ea], e[eb], s[ea], s[eb])
-    for pair in config["pairs"]:
-        a, b = (elements.index(name) for name in pair["elements"])
-        for key, table in (("epsilon", eps), ("sigma", sig), ("cutoff", cut)):
-            if key in pair:
-                table[a][b] = table[b][a] = float(pair[key])
-    return eps, sig, cut
-
-
 @register_potential
 class ToolkitLennardJones(LennardJones):
     """:class:`LennardJones` evaluated by nvalchemiops's Warp LJ kernel.
@@ -106,21 +86,8 @@ class ToolkitLennardJones(LennardJones):
 
     name = "toolkit_lennard_jones"
 
-    def __init__(
-        self,
-        elements: list[str],
-        epsilon: dict[str, float],
-        sigma: dict[str, float],
-        cutoff: float,
-        pairs: list[dict[str, Any]] | None = None,
-        mixing: str = "geometric",
-        shift: bool = False,
-        units: str = "metal",
-        dtype: str = "float64",
-    ) -> None:
-        super().__init__(elements, epsilon, sigma, cutoff, pairs, mixing, shift, units, dtype)
+    def _check_backend(self) -> None:
         _kernel()  # fail at construction, not in the middle of a run
-        self._tables = _pair_tables(self._config)
 
     def prepare_compile(self) -> LennardJones:
         raise ValueError(
@@ -132,7 +99,7 @@ class ToolkitLennardJones(LennardJones):
         si = graph.species[graph.pair_i]
         sj = graph.species[graph.pair_j]
         half_pair = torch.zeros(graph.npairs, dtype=graph.rij.dtype, device=graph.rij.device)
-        eps, sig, cut = self._tables
+        eps, sig, cut = self.pair_tables
         for a, b in itertools.combinations_with_replacement(range(len(eps)), 2):
             selected = torch.nonzero(((si == a) & (sj == b)) | ((si == b) & (sj == a)))[:, 0]
             if eps[a][b] == 0.0 or selected.numel() == 0:

@@ -55,16 +55,15 @@ checks of exactness.
 from __future__ import annotations
 
 import copy
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..contract import LocalGraph, ModelSpec
+from ..contract import LocalGraph, ModelSpec, check_keys
 from ._base import Potential, register_potential
 from ._charge import checked_total_charge
-from ._quiet import without_warp_banner
+from ._quiet import without_warnings, without_warp_banner
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -92,6 +91,9 @@ _INSTALL_HINT = (
     "(or pip install fairchem-core; it needs an environment without mace-torch)"
 )
 
+#: fairchem scripts a few functions with ``torch.jit.script``, which recent torch deprecates.
+_JIT_SCRIPT_DEPRECATED = (r"`torch\.jit\.script` is deprecated", DeprecationWarning)
+
 _ESCN_MD: Any = None
 
 
@@ -107,12 +109,7 @@ def _escn_md() -> Any:
     if _ESCN_MD is not None:
         return _ESCN_MD
     try:
-        with without_warp_banner(), warnings.catch_warnings():
-            warnings.filterwarnings(
-                "ignore",
-                message=r"`torch\.jit\.script` is deprecated",
-                category=DeprecationWarning,
-            )
+        with without_warp_banner(), without_warnings(_JIT_SCRIPT_DEPRECATED):
             from fairchem.core.models.uma import escn_md
     except ImportError as err:
         raise ImportError(f"{_INSTALL_HINT} ({err})") from err
@@ -123,10 +120,7 @@ def _escn_md() -> Any:
 def _escn_moe() -> Any:
     """fairchem's ``escn_moe`` module (mixture-of-experts backbone and heads)."""
     _escn_md()
-    with without_warp_banner(), warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message=r"`torch\.jit\.script` is deprecated", category=DeprecationWarning
-        )
+    with without_warp_banner(), without_warnings(_JIT_SCRIPT_DEPRECATED):
         from fairchem.core.models.uma import escn_moe
     return escn_moe
 
@@ -436,15 +430,7 @@ class Uma(Potential):
         if "checkpoint" in config:
             return cls._from_checkpoint_config(config)
         allowed = ("seed", "backbone", "elements", "task", "spin", "dtype")
-        unknown = sorted(set(config) - set(allowed))
-        if unknown:
-            raise ValueError(
-                f"unknown key(s) {', '.join(unknown)} for potential uma "
-                f"(allowed: potential, {', '.join(allowed)})"
-            )
-        missing = [k for k in ("seed", "backbone", "elements", "task") if k not in config]
-        if missing:
-            raise ValueError(f"potential uma needs key(s) {', '.join(missing)}")
+        check_keys(config, "potential uma", allowed, ("seed", "backbone", "elements", "task"))
         try:
             return cls.random_weights(
                 dict(config["backbone"]),
@@ -460,12 +446,7 @@ class Uma(Potential):
     @classmethod
     def _from_checkpoint_config(cls, config: dict[str, Any]) -> Uma:
         allowed = ("checkpoint", "elements", "task", "spin", "dtype")
-        unknown = sorted(set(config) - set(allowed))
-        if unknown:
-            raise ValueError(
-                f"unknown key(s) {', '.join(unknown)} for potential uma from a checkpoint "
-                f"(allowed: potential, {', '.join(allowed)})"
-            )
+        check_keys(config, "potential uma from a checkpoint", allowed)
         if "task" not in config:
             raise ValueError("potential uma needs key(s) task")
         elements = config.get("elements")
