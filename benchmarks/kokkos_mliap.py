@@ -10,6 +10,8 @@ computed without LAMMPS) into DIR. On the GPU machine, with a LAMMPS built by
 
     python benchmarks/kokkos_mliap.py check DIR --lammps PREFIX [--gpus 2]
     python benchmarks/kokkos_mliap.py bench DIR --lammps PREFIX --atoms 1000 20000 100000
+    python benchmarks/kokkos_mliap.py cueq DIR    # where cuequivariance-ops-torch is installed
+    python benchmarks/kokkos_mliap.py bench DIR --lammps PREFIX --kernels cuequivariance
 
 ``check`` runs every model ML-IAP can run (Lennard-Jones, a 3-layer message-passing
 model, MACE float64 and float32, DFT-D3) with ``-k on g N -sf kk -pk kokkos newton on neigh
@@ -19,8 +21,11 @@ the reference by atom ID (1e-10 relative in float64, 1e-5 in float32); then 200 
 of the message-passing model on 2 ranks against 1 rank. ``bench`` times the random MACE of
 docs/performance.md (float32 and float64) through this project's model file and through mace-torch's
 own ML-IAP class ``LAMMPS_MLIAP_MACE`` (same weights, same LAMMPS, same structure) and
-compares their forces by atom ID. Both print a table and write JSON next to DIR; ``check``
-exits 1 if any comparison fails.
+compares their forces by atom ID, on e3nn's kernels or (``--kernels cuequivariance``) on
+cuEquivariance's for both: ``cueq`` converts mace-torch's model with mace-torch's own
+converter, as ``mace_create_lammps_model --format=mliap`` does, on the GPU machine, since
+cuEquivariance fixes its kernels when a model is converted. Both print a table and write
+JSON next to DIR; ``check`` exits 1 if any comparison fails.
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ from nvalchemi_lammps.lammps_run import (
 
 KOKKOS = ["-sf", "kk", "-pk", "kokkos", "newton", "on", "neigh", "half"]
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
+#: MACE's kernels that bench compares, the same on both sides
+KERNELS = ("e3nn", "cuequivariance")
 #: The MPI launcher (Open MPI's by default; MPIRUN=mpirun for MPICH's)
 MPIRUN = shlex.split(os.environ.get("MPIRUN", "mpirun --oversubscribe"))
 _LOOP = re.compile(r"^Loop time of (\S+) on \d+ procs for (\d+) steps", re.MULTILINE)
@@ -159,7 +166,29 @@ def prepare(out: Path) -> None:
         model = copy.deepcopy(mace).to(dtype)
         model.lammps_mliap = True
         torch.save(LAMMPS_MLIAP_MACE(model), out / f"{name}.pt")
+    # this project's model files for bench, their kernels named (kernels "auto" above)
+    for bits in ("32", "64"):
+        for kernels in KERNELS:
+            mace_file = Mace.from_model(mace, dtype=f"float{bits}", kernels=kernels).eval()
+            save_model(mace_file, out / f"mace{bits}_{kernels}.pt")
     print(f"prepared {sorted(p.name for p in out.iterdir())}")
+
+
+def convert_to_cueq(out: Path) -> None:
+    """mace-torch's ML-IAP models of ``prepare`` on cuEquivariance's kernels, converted by
+    mace-torch as its ``mace_create_lammps_model --format=mliap`` does (on a machine with
+    cuequivariance-ops-torch: without it the converted model keeps the slow reference
+    kernels)."""
+    import torch
+    from mace.calculators.lammps_mliap_mace import LAMMPS_MLIAP_MACE
+    from mace.cli.convert_e3nn_cueq import run as run_e3nn_to_cueq
+
+    for bits in ("32", "64"):
+        own = torch.load(out / f"mace{bits}_own.pt", weights_only=False)
+        model = run_e3nn_to_cueq(copy.deepcopy(own.model.model))
+        model.lammps_mliap = True
+        torch.save(LAMMPS_MLIAP_MACE(model), out / f"mace{bits}_own_cuequivariance.pt")
+    print("converted mace-torch's models to cuEquivariance")
 
 
 # ----------------------------------------------------------------------------- running
@@ -361,7 +390,13 @@ def bench_script(
 
 
 def bench(
-    data: Path, lammps: Lammps, sizes: list[int], gpus: int, steps: int, dtypes: list[str]
+    data: Path,
+    lammps: Lammps,
+    sizes: list[int],
+    gpus: int,
+    steps: int,
+    dtypes: list[str],
+    kernels: str,
 ) -> list[dict]:
     """ms/step of this project's model file and of mace-torch's ``LAMMPS_MLIAP_MACE`` on the
     same random MACE, side by side per size, and their forces by atom ID (up to 30,000
@@ -377,14 +412,18 @@ def bench(
         for dtype in dtypes:
             bits = dtype.removeprefix("float")
             forces = {}
-            for style, model in (
-                ("nvalchemi", f"mace{bits}.pt"),
-                ("mace-torch", f"mace{bits}_own.pt"),
-            ):
-                workdir = data / "runs" / "bench" / f"{atoms}_{style}_{dtype}_{ranks}"
+            own = f"mace{bits}_own.pt" if kernels == "e3nn" else f"mace{bits}_own_{kernels}.pt"
+            for style, model in (("nvalchemi", f"mace{bits}_{kernels}.pt"), ("mace-torch", own)):
+                workdir = data / "runs" / "bench" / f"{atoms}_{style}_{dtype}_{kernels}_{ranks}"
                 script = bench_script(path, data / model, processors, 5, steps, 3, dump)
                 run = lammps.run(script, ranks, gpus, workdir)
-                row = {"atoms": natoms, "style": style, "dtype": dtype, "gpus": gpus}
+                row = {
+                    "atoms": natoms,
+                    "style": style,
+                    "dtype": dtype,
+                    "kernels": kernels,
+                    "gpus": gpus,
+                }
                 if run.returncode != 0:
                     print(f"{style} {dtype} at {natoms} failed: {failure(run)}", flush=True)
                     rows.append({**row, "error": failure(run)[-300:]})
@@ -395,7 +434,7 @@ def bench(
                 if dump:
                     forces[style] = per_atom(read_dump(workdir / "forces.dump"), ["fx", "fy", "fz"])
                 print(
-                    f"{natoms:8d} atoms {gpus} GPU {dtype} {style:10s} {ms:8.2f} ms/step",
+                    f"{natoms:8d} atoms {gpus} GPU {dtype} {kernels} {style:10s} {ms:8.2f} ms/step",
                     flush=True,
                 )
             if len(forces) == 2:
@@ -404,6 +443,7 @@ def bench(
                     {
                         "atoms": natoms,
                         "dtype": dtype,
+                        "kernels": kernels,
                         "gpus": gpus,
                         "force_difference": rel.relative,
                     }
@@ -416,7 +456,7 @@ def bench(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=["prepare", "check", "bench"])
+    parser.add_argument("mode", choices=["prepare", "cueq", "check", "bench"])
     parser.add_argument("dir", type=Path)
     parser.add_argument("--lammps", type=Path, help="PREFIX of tools/build_lammps_kokkos.sh")
     parser.add_argument("--gpus", type=int, default=1, help="0: a KOKKOS LAMMPS for the host")
@@ -428,6 +468,9 @@ def main() -> int:
     parser.add_argument(
         "--dtypes", nargs="+", default=["float32", "float64"], help="bench: these precisions"
     )
+    parser.add_argument(
+        "--kernels", choices=KERNELS, default="e3nn", help="bench: MACE's kernels, both sides"
+    )
     parser.add_argument("--nve-steps", type=int, default=200, help="check: 0 for none")
     parser.add_argument("--json", type=Path, help="where to write the results")
     parser.add_argument("--package", default="", help="more -pk kokkos keywords")
@@ -435,6 +478,9 @@ def main() -> int:
     data = args.dir.resolve()
     if args.mode == "prepare":
         prepare(data)
+        return 0
+    if args.mode == "cueq":
+        convert_to_cueq(data)
         return 0
     lammps = Lammps(args.lammps.resolve(), tuple(args.package.split()))
     if args.mode == "check":
@@ -448,7 +494,7 @@ def main() -> int:
         result: list = [asdict(r) for r in rows]
         ok = all(r.passed for r in rows)
     else:
-        result = bench(data, lammps, args.atoms, args.gpus, args.steps, args.dtypes)
+        result = bench(data, lammps, args.atoms, args.gpus, args.steps, args.dtypes, args.kernels)
         ok = True
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

@@ -111,9 +111,12 @@ def _abort_if_parallel(error: BaseException) -> None:
 
 
 def _fence(tensor: torch.Tensor) -> None:
-    """Wait for every stream of ``tensor``'s GPU. Kokkos and torch run on their own CUDA
-    streams: neither may read what the other wrote before the writer is done."""
-    if tensor.is_cuda:
+    """Let Kokkos and torch read only what the other has finished writing on ``tensor``'s
+    GPU. Kokkos's default CUDA instance runs on a blocking stream (``cudaStreamCreate``),
+    which CUDA orders both ways against the legacy default stream, torch's default: there
+    every kernel of either already waits for the other's earlier work, and waiting here
+    would only stall the host. On any other torch stream, wait for the whole device."""
+    if tensor.is_cuda and torch.cuda.current_stream(tensor.device).cuda_stream != 0:
         torch.cuda.synchronize(tensor.device)
 
 
