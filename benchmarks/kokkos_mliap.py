@@ -183,9 +183,13 @@ def convert_to_cueq(out: Path) -> None:
     from mace.calculators.lammps_mliap_mace import LAMMPS_MLIAP_MACE
     from mace.cli.convert_e3nn_cueq import run as run_e3nn_to_cueq
 
+    from nvalchemi_lammps import load_model
+
     for bits in ("32", "64"):
-        own = torch.load(out / f"mace{bits}_own.pt", weights_only=False)
-        model = run_e3nn_to_cueq(copy.deepcopy(own.model.model))
+        # the e3nn network as mace-torch builds it from the file's hyperparameters (the
+        # pickled one of mace{bits}_own.pt says use_reduced_cg without reduced weights)
+        network = load_model(out / f"mace{bits}_e3nn.pt").model
+        model = run_e3nn_to_cueq(copy.deepcopy(network))
         model.lammps_mliap = True
         torch.save(LAMMPS_MLIAP_MACE(model), out / f"mace{bits}_own_cuequivariance.pt")
     print("converted mace-torch's models to cuEquivariance")
