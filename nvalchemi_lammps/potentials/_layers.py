@@ -7,6 +7,10 @@ owned rows only; with the exchange strategy every layer does, since the next exc
 overwrites ghost rows anyway; under the widened shell each layer updates the ghosts still
 needed, and the outermost shell only sends. Under ``torch.compile`` every row is updated:
 shapes stay fixed.
+
+Owned rows lead (LAMMPS's order), so they are a slice: a view to read and a concatenation
+to write back, where an index tensor would cost a gather and, in the backward, an
+accumulating scatter per layer.
 """
 
 from __future__ import annotations
@@ -15,12 +19,16 @@ import torch
 
 from ..contract import LocalGraph
 
+#: Rows of a layer's update: ascending indices, the owned rows (``slice(0, nlocal)``), or
+#: ``None``: all
+Rows = torch.Tensor | slice | None
 
-def updated_rows(graph: LocalGraph, layers: int) -> list[torch.Tensor | None]:
-    """Per layer, the rows whose update is used (ascending indices), or ``None``: all."""
+
+def updated_rows(graph: LocalGraph, layers: int) -> list[Rows]:
+    """Per layer, the rows whose update is used."""
     if torch.compiler.is_compiling() or graph.nlocal == graph.ntotal:
         return [None] * layers
-    owned = torch.arange(graph.nlocal, device=graph.species.device)
+    owned = slice(0, graph.nlocal)
     if graph.comm.exchange:
         return [owned] * layers
     depth = torch.full_like(graph.species, layers)
@@ -36,7 +44,7 @@ def energy_rows(graph: LocalGraph) -> int:
     return graph.ntotal if torch.compiler.is_compiling() else graph.nlocal
 
 
-def receiving_pairs(graph: LocalGraph, rows: torch.Tensor | None) -> torch.Tensor | None:
+def receiving_pairs(graph: LocalGraph, rows: Rows) -> torch.Tensor | None:
     """Indices of the pairs whose receiver is one of ``rows``, or ``None`` when all are
     (with the exchange strategy receivers are owned rows only)."""
     if rows is None or graph.comm.exchange:
@@ -46,12 +54,23 @@ def receiving_pairs(graph: LocalGraph, rows: torch.Tensor | None) -> torch.Tenso
     return receiving[graph.pair_i].nonzero()[:, 0]
 
 
-def scattered(rows: torch.Tensor | None, values: torch.Tensor, ntotal: int) -> torch.Tensor:
+def scattered(rows: Rows, values: torch.Tensor, ntotal: int) -> torch.Tensor:
     """``values`` of ``rows`` in ``(ntotal, ...)`` zeros (rows not updated are never read),
     or ``values`` themselves when they are every row's."""
     if rows is None:
         return values
+    if isinstance(rows, slice):
+        return with_ghost_rows(values, ntotal)
     return values.new_zeros((ntotal, *values.shape[1:])).index_copy(0, rows, values)
+
+
+def added(x: torch.Tensor, rows: Rows, update: torch.Tensor) -> torch.Tensor:
+    """``x`` with ``update`` added to its ``rows`` (all rows for ``None``)."""
+    if rows is None:
+        return x + update
+    if isinstance(rows, slice):
+        return torch.cat((x[rows] + update, x[rows.stop :]))
+    return x.index_add(0, rows, update)
 
 
 def with_ghost_rows(x: torch.Tensor, ntotal: int) -> torch.Tensor:

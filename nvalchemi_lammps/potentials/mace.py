@@ -43,7 +43,14 @@ import torch
 
 from ..contract import LocalGraph, ModelSpec, check_keys
 from ._base import Potential, register_potential
-from ._layers import energy_rows, receiving_pairs, scattered, updated_rows, with_ghost_rows
+from ._layers import (
+    Rows,
+    energy_rows,
+    receiving_pairs,
+    scattered,
+    updated_rows,
+    with_ghost_rows,
+)
 from ._quiet import without_warnings
 
 #: The mace-torch model classes whose forward this module reproduces.
@@ -889,7 +896,7 @@ def _node_energies(
 
 def _receiving_edges(
     graph: LocalGraph,
-    rows: torch.Tensor | None,
+    rows: Rows,
     edge_attrs: torch.Tensor,
     edge_feats: torch.Tensor,
     edge_index: torch.Tensor,

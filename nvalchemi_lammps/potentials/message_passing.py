@@ -14,7 +14,7 @@ import torch
 
 from ..contract import LocalGraph, ModelSpec
 from ._base import Potential, register_potential
-from ._layers import energy_rows, receiving_pairs, updated_rows, with_ghost_rows
+from ._layers import added, energy_rows, receiving_pairs, updated_rows, with_ghost_rows
 
 
 def _smooth_cutoff(r: torch.Tensor, cutoff: float) -> torch.Tensor:
@@ -125,11 +125,9 @@ class MessagePassing(Potential):
             )
             messages = (pair_basis @ self.radial[layer]) * h[pair_j]
             summed = torch.zeros_like(h).index_add(0, pair_i, messages)
-            if rows is None:
-                h = h + torch.nn.functional.silu(summed @ self.update[layer])
-            else:  # rows not updated are never read again
-                update = torch.nn.functional.silu(summed[rows] @ self.update[layer])
-                h = h.index_add(0, rows, update)
+            # rows not updated are never read again
+            rows_summed = summed if rows is None else summed[rows]
+            h = added(h, rows, torch.nn.functional.silu(rows_summed @ self.update[layer]))
         n = energy_rows(graph)
         energies = h[:n] @ self.readout + self.element_energy[species[:n]]
         return with_ghost_rows(torch.where(mapped[:n], energies, 0.0), graph.ntotal)
