@@ -45,8 +45,7 @@ pytestmark = pytest.mark.lammps
 
 MASSES = [39.948, 20.1797]
 #: what every run passes LAMMPS: KOKKOS on, one host thread (Serial)
-KOKKOS = ["-k", "on", "t", "1", "-pk", "kokkos", "newton", "on", "neigh", "half"]
-SUFFIX = ["-sf", "kk"]
+KOKKOS = ["-k", "on", "t", "1", "-sf", "kk", "-pk", "kokkos", "newton", "on", "neigh", "half"]
 
 
 @dataclass(frozen=True)
@@ -58,10 +57,10 @@ class KokkosLammps:
     plugin: Path
     env: dict[str, str]
 
-    def run(self, script: str, nprocs: int, workdir: Path, suffix: bool = True):
+    def run(self, script: str, nprocs: int, workdir: Path):
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "in.lammps").write_text(f"plugin load {self.plugin}\n" + script)
-        cmd = lammps_command(nprocs, self.lmp) + KOKKOS + (SUFFIX if suffix else [])
+        cmd = lammps_command(nprocs, self.lmp) + KOKKOS
         cmd += ["-in", "in.lammps", "-log", "log.lammps"]
         return run_command(cmd, workdir, timeout=900, env=self.env)
 
@@ -137,7 +136,7 @@ def test_kokkos_equals_reference_and_plugin(
     potential, style = _style(name, lj_model, mp_model)
     data, positions, cell, species = _slab(tmp_path)
     ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
-    script = comparison_script(data.name, style, "Ar Ne", f"processors 1 1 {nprocs}")
+    script = comparison_script(str(data), style, "Ar Ne", f"processors 1 1 {nprocs}")
     run = kokkos_lammps.run(script, nprocs, tmp_path / "kk").check()
     assert "pair nvalchemi/kk, perpetual" in run.output, run.output[-3000:]
     if nprocs == 4:
@@ -146,9 +145,9 @@ def test_kokkos_equals_reference_and_plugin(
     kk = read_dump(tmp_path / "kk" / "atoms.dump"), read_results(run.output)
     assert_matches_reference(f"kokkos/{name}/np{nprocs}", *kk, ref, cell)
 
-    (tmp_path / "plugin").mkdir()
-    (tmp_path / "plugin" / data.name).write_bytes(data.read_bytes())
-    plain = kokkos_lammps.run(script, nprocs, tmp_path / "plugin", suffix=False).check()
+    # the same LAMMPS with KOKKOS atoms and comm, the pair style without the suffix
+    plain_script = script.replace("pair_style ", "suffix off\npair_style ", 1)
+    plain = kokkos_lammps.run(plain_script, nprocs, tmp_path / "plugin").check()
     assert "pair nvalchemi, perpetual" in plain.output
     host = read_dump(tmp_path / "plugin" / "atoms.dump"), read_results(plain.output)
     assert_runs_agree(f"kokkos-vs-plugin/{name}/np{nprocs}", kk, host, tol=1e-10)
@@ -177,9 +176,7 @@ def test_md_equal_across_rank_counts(kokkos_lammps, mp_model, tmp_path):
     runs = {}
     for nprocs in (1, 2, 4):
         work = tmp_path / f"np{nprocs}"
-        work.mkdir()
-        (work / data.name).write_bytes(data.read_bytes())
-        script = _nve_script(data.name, mp_model[1], f"processors 1 1 {nprocs}", 200)
+        script = _nve_script(str(data), mp_model[1], f"processors 1 1 {nprocs}", 200)
         run = kokkos_lammps.run(script, nprocs, work).check()
         runs[nprocs] = read_dump(work / "final.dump"), read_results(run.output)
     (one, one_results) = runs[1]
