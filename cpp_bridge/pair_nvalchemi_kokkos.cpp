@@ -20,6 +20,7 @@
 #include "atom_kokkos.h"
 #include "atom_masks.h"
 #include "comm.h"
+#include "comm_kokkos.h"
 #include "domain.h"
 #include "error.h"
 #include "force.h"
@@ -264,10 +265,22 @@ void PairNvalchemiKokkos<DeviceType>::exchange_on_device(double *rows, int nrows
     exchange_rows = h_rows.data();
   } else
     exchange_rows = rows;
+  // LAMMPS sends a pair style of a host execution space through its host path; in a
+  // LAMMPS whose KOKKOS device is the host (Serial, OpenMP) the rows are in that memory
+  // either way, so KOKKOS's device path (the pack/unpack kernels below, as on a GPU) runs
+  // unless KOKKOS chose the host path (comm/pair/forward host, ...)
+  auto *commKK = dynamic_cast<CommKokkos *>(comm);
+  const bool host_device = std::is_same_v<DeviceType, LMPDeviceType> &&
+      ExecutionSpaceFromDevice<DeviceType>::space == HostKK;
+  const bool direct = commKK && host_device && !legacy;
   exchange_width = width;
   for (exchange_offset = 0; exchange_offset < width; exchange_offset += EXCHANGE_CHUNK) {
     exchange_count = std::min(EXCHANGE_CHUNK, width - exchange_offset);
-    if (forward)
+    if (direct && forward)
+      commKK->forward_comm_device<LMPDeviceType>(this, exchange_count);
+    else if (direct)
+      commKK->reverse_comm_device<LMPDeviceType>(this, exchange_count);
+    else if (forward)
       comm->forward_comm(this, exchange_count);
     else
       comm->reverse_comm(this, exchange_count);

@@ -115,7 +115,12 @@ def _slab(workdir: Path):
     return data, positions, cell, species
 
 
-MODELS = ["lj", "mp-exchange", "mp-shell"]
+#: the models, and for the exchange both of KOKKOS's paths for pair communication: its
+#: device path (pack/unpack kernels on the execution space's memory: Serial here, a GPU's
+#: memory there) and the host path it takes when told to (or, on a GPU, when MPI is not
+#: GPU-aware on several ranks: docs/kokkos.md)
+MODELS = ["lj", "mp-exchange", "mp-exchange-hostcomm", "mp-shell"]
+HOST_COMM = "package kokkos newton on neigh half comm/pair/forward host comm/pair/reverse host\n"
 
 
 def _style(name: str, lj_model, mp_model) -> tuple[object, str]:
@@ -137,6 +142,8 @@ def test_kokkos_equals_reference_and_plugin(
     data, positions, cell, species = _slab(tmp_path)
     ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
     script = comparison_script(str(data), style, "Ar Ne", f"processors 1 1 {nprocs}")
+    if name.endswith("hostcomm"):
+        script = HOST_COMM + script
     run = kokkos_lammps.run(script, nprocs, tmp_path / "kk").check()
     assert "pair nvalchemi/kk, perpetual" in run.output, run.output[-3000:]
     if nprocs == 4:
