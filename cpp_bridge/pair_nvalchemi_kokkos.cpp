@@ -197,9 +197,6 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
 
   atomKK->modified(execution_space, F_MASK);
   if (eflag_global) eng_vdwl += result.energy;
-  // the pairs' virial when f.r is not used, and the part f.r misses (non-pairwise terms)
-  if (vflag_global)
-    for (int k = 0; k < 6; k++) virial[k] += result.virial[k];
   if (eflag_atom) {
     k_eatom.template modify<DeviceType>();
     k_eatom.sync_host();
@@ -208,7 +205,12 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
     k_vatom.template modify<DeviceType>();
     k_vatom.sync_host();
   }
+  // KOKKOS's f.r sets the virial (Pair's adds to it): then the pairs' virial when f.r is
+  // not used, or the part f.r misses (non-pairwise terms)
+  const bool global_virial = vflag_global || vflag_fdotr;    // ev_setup clears one for the other
   if (vflag_fdotr) pair_virial_fdotr_compute(this);
+  if (global_virial)
+    for (int k = 0; k < 6; k++) virial[k] += result.virial[k];
 }
 
 /* ----------------------------------------------------------------------

@@ -249,3 +249,33 @@ def test_md_equal_across_rank_counts(kokkos_lammps, mp_model, tmp_path):
             },
             tol=1e-10,
         )
+
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
+def test_ewald_through_kokkos(kokkos_lammps, nprocs, tmp_path):
+    """A model that reads positions, charges and the cell (Ewald: per-atom forces on owned
+    and ghost rows, and a virial beyond f.r), charges from LAMMPS's KOKKOS ``q``: energy,
+    per-atom energy, forces and pressure against the reference and ``pair_style
+    nvalchemi`` (no per-atom stress: the reference's per-atom virial is the pairwise part)."""
+    from _ionic_systems import rock_salt
+
+    from nvalchemi_lammps.potentials import Ewald
+
+    positions, cell, species, charges = rock_salt(2, displacement=0.2, seed=5)
+    potential = Ewald(["Na", "Cl"], cutoff=8.0, accuracy=1e-6)
+    model = save_model(potential, tmp_path / "ewald.pt")
+    data = write_lammps_data(
+        tmp_path / "salt.data", positions, cell, species + 1, [22.98977, 35.453], charges
+    )
+    ref = evaluate_reference(potential, positions, cell, (True,) * 3, species, charges=charges)
+    script = comparison_script(
+        str(data), f"nvalchemi {model}", "Na Cl", f"processors 1 1 {nprocs}"
+    ).replace("atom_style atomic", "atom_style charge")
+    run = kokkos_lammps.run(script, nprocs, tmp_path / "kk").check()
+    assert "pair nvalchemi/kk, perpetual" in run.output
+    kk = read_dump(tmp_path / "kk" / "atoms.dump"), read_results(run.output)
+    assert_matches_reference(f"kokkos/ewald/np{nprocs}", *kk, ref, cell, stress=False)
+    plain_script = script.replace("pair_style ", "suffix off\npair_style ", 1)
+    plain = kokkos_lammps.run(plain_script, nprocs, tmp_path / "plugin").check()
+    host = read_dump(tmp_path / "plugin" / "atoms.dump"), read_results(plain.output)
+    assert_runs_agree(f"kokkos-vs-plugin/ewald/np{nprocs}", kk, host, tol=1e-10)
