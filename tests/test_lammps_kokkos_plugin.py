@@ -30,6 +30,7 @@ from lammps_helpers import (
     assert_runs_agree,
     atoms_per_rank,
     comparison_script,
+    neighbor_list_builds,
     print_results,
 )
 
@@ -229,6 +230,7 @@ def test_md_equal_across_rank_counts(kokkos_lammps, mp_model, tmp_path):
         work = tmp_path / f"np{nprocs}"
         script = _nve_script(str(data), mp_model[1], f"processors 1 1 {nprocs}", 200)
         run = kokkos_lammps.run(script, nprocs, work).check()
+        assert neighbor_list_builds(run.output)[0] > 0, "the lists were never rebuilt"
         runs[nprocs] = read_dump(work / "final.dump"), read_results(run.output)
     (one, one_results) = runs[1]
     for nprocs in (2, 4):
@@ -279,3 +281,19 @@ def test_ewald_through_kokkos(kokkos_lammps, nprocs, tmp_path):
     plain = kokkos_lammps.run(plain_script, nprocs, tmp_path / "plugin").check()
     host = read_dump(tmp_path / "plugin" / "atoms.dump"), read_results(plain.output)
     assert_runs_agree(f"kokkos-vs-plugin/ewald/np{nprocs}", kk, host, tol=1e-10)
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_non_finite_results_stop_every_rank(kokkos_lammps, lj_model, nprocs, tmp_path):
+    """Two atoms on the same spot: the model's energy is not finite; the run stops on every
+    rank, naming the atoms by ID."""
+    positions, cell, species = ar_ne_slab(4)
+    positions[1] = positions[0]
+    data = write_lammps_data(tmp_path / "slab.data", positions, cell, species + 1, MASSES)
+    script = comparison_script(
+        str(data), f"nvalchemi {lj_model[1]}", "Ar Ne", f"processors 1 1 {nprocs}"
+    )
+    run = kokkos_lammps.run(script, nprocs, tmp_path / "kk")
+    assert run.returncode != 0
+    assert "Pair style nvalchemi/kk failed at step 0" in run.output, run.output[-3000:]
+    assert "non-finite energies or forces on atoms 1 2" in run.output, run.output[-3000:]
