@@ -297,3 +297,15 @@ def test_non_finite_results_stop_every_rank(kokkos_lammps, lj_model, nprocs, tmp
     assert run.returncode != 0
     assert "Pair style nvalchemi/kk failed at step 0" in run.output, run.output[-3000:]
     assert "non-finite energies or forces on atoms 1 2" in run.output, run.output[-3000:]
+
+
+def test_plugin_checks_hold_for_kokkos(kokkos_lammps, lj_model, tmp_path):
+    """nvalchemi/kk is the plugin's pair style: its checks (here newton pair on) stop the run
+    with the plugin's message."""
+    data, *_ = _slab(tmp_path)
+    script = "package kokkos newton off neigh full\n" + comparison_script(
+        str(data), f"nvalchemi {lj_model[1]}", "Ar Ne"
+    )
+    run = kokkos_lammps.run(script, 1, tmp_path / "kk")
+    assert run.returncode != 0
+    assert "Pair style nvalchemi requires newton pair on" in run.output, run.output[-3000:]
