@@ -85,8 +85,9 @@ def kokkos_lammps() -> KokkosLammps:
     assert (build / "CMakeCache.txt").exists(), f"{build} missing: run tools/build_plugin_kokkos.sh"
     # the plugin as the sources are now (incremental: seconds when nothing changed)
     cmake = Path(sys.executable).parent / "cmake"
-    run_command([str(cmake) if cmake.exists() else "cmake", "--build", str(build)], build,
-                timeout=1800).check()
+    run_command(
+        [str(cmake) if cmake.exists() else "cmake", "--build", str(build)], build, timeout=1800
+    ).check()
     plugin = build / "cpp_bridge" / "nvalchemiplugin.so"
     venv = Path(sys.executable).parent.parent
     site = next(venv.glob("lib/python3*/site-packages"))
@@ -107,7 +108,7 @@ def _lammps_python(library: Path, env: dict[str, str]) -> str | None:
     it first, so the plugin's interpreter runs on it and needs its standard library), or
     ``None`` when it links none."""
     out = subprocess.run(
-        ["ldd", str(library)], capture_output=True, text=True, env={**os.environ, **env}
+        ["ldd", str(library)], check=True, capture_output=True, text=True, env={**os.environ, **env}
     ).stdout
     found = re.search(r"libpython(\d+\.\d+)\S*\s+=>\s+(\S+)", out)
     if not found:
@@ -174,7 +175,11 @@ def _style(name: str, request) -> tuple[object, str, str]:
         return potential, f"nvalchemi {path}", "Ar Ne"
     model, strategy = name.split("-")[:2]
     potential, path = request.getfixturevalue(f"{model}_model")
-    return potential, f"nvalchemi {path} strategy {strategy}", "Ar Kr" if model == "mace" else "Ar Ne"
+    return (
+        potential,
+        f"nvalchemi {path} strategy {strategy}",
+        "Ar Kr" if model == "mace" else "Ar Ne",
+    )
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])

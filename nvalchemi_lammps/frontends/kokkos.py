@@ -151,9 +151,7 @@ class KokkosComm(Comm):
         return values.to(device=x.device, dtype=x.dtype).reshape(x.shape)
 
 
-def _pairs(
-    step: KokkosStepRecord, species: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _pairs(step: KokkosStepRecord, species: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Every directed pair (i, j) of the KOKKOS full list between mapped atoms, the list's
     order (receivers in ``ilist`` order, then their neighbors in list order)."""
     ilist, numneigh, neighbors = (_view(a) for a in (step.ilist, step.numneigh, step.neighbors))
