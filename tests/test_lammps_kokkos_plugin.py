@@ -147,7 +147,7 @@ def _slab(workdir: Path):
 #: device path (pack/unpack kernels on the execution space's memory: Serial here, a GPU's
 #: memory there) and the host path it takes when told to (or, on a GPU, when MPI is not
 #: GPU-aware on several ranks: docs/kokkos.md)
-MODELS = ["lj", "mp-exchange", "mp-exchange-hostcomm", "mp-shell", "mace-exchange"]
+MODELS = ["lj", "mp-exchange", "mp-exchange-hostcomm", "mp-shell", "mace-exchange", "d3-exchange"]
 HOST_COMM = "package kokkos newton on neigh half comm/pair/forward host comm/pair/reverse host\n"
 
 
@@ -168,6 +168,19 @@ def mace_model(tmp_path_factory) -> tuple[object, Path]:
     return potential, save_model(potential, tmp_path_factory.mktemp("kk") / "mace.pt")
 
 
+@pytest.fixture(scope="module")
+def d3_model(tmp_path_factory) -> tuple[object, Path]:
+    """DFT-D3(BJ) on C and H (coordination numbers: two layers, exchanged), the slab's
+    two types as C and H."""
+    from nvalchemi_lammps.potentials.dftd3 import DFTD3
+
+    potential = DFTD3(["C", "H"], 7.0, 5.0, functional="pbe")
+    return potential, save_model(potential, tmp_path_factory.mktemp("kk") / "d3.pt")
+
+
+ELEMENTS = {"mace": "Ar Kr", "d3": "C H"}
+
+
 def _style(name: str, request) -> tuple[object, str, str]:
     """The potential, the pair_style arguments and the element of each LAMMPS type."""
     if name == "lj":
@@ -175,11 +188,7 @@ def _style(name: str, request) -> tuple[object, str, str]:
         return potential, f"nvalchemi {path}", "Ar Ne"
     model, strategy = name.split("-")[:2]
     potential, path = request.getfixturevalue(f"{model}_model")
-    return (
-        potential,
-        f"nvalchemi {path} strategy {strategy}",
-        "Ar Kr" if model == "mace" else "Ar Ne",
-    )
+    return potential, f"nvalchemi {path} strategy {strategy}", ELEMENTS.get(model, "Ar Ne")
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
