@@ -69,15 +69,14 @@ includes+=";$sdk/kokkos-build;$sdk/kokkos-build/core/src"
 
 generator=()
 command -v ninja > /dev/null && generator=(-G Ninja)
-if [ ! -f "$prefix/plugin-build/CMakeCache.txt" ]; then
-  cmake -S "$root" -B "$prefix/plugin-build" "${generator[@]}" "${compiler[@]}" \
+[ -f "$prefix/plugin-build/CMakeCache.txt" ] && generator=()    # kept from the first configure
+cmake -S "$root" -B "$prefix/plugin-build" "${generator[@]}" "${compiler[@]}" \
     -D CMAKE_BUILD_TYPE=Release \
     -D Python3_EXECUTABLE="$(command -v "$python")" \
     -D NVALCHEMI_USE_LAMMPS_WHEEL=OFF -D LAMMPS_DIR="$(dirname "$config")" \
     -D NVALCHEMI_KOKKOS=ON -D NVALCHEMI_LAMMPS_SOURCE="$sdk/lammps" \
     -D NVALCHEMI_KOKKOS_INCLUDE_DIRS="$includes" \
     ${PLUGIN_CMAKE_ARGS:-}
-fi
 cmake --build "$prefix/plugin-build"
 echo "built in $(( $(date +%s) - start )) s: $prefix/plugin-build/cpp_bridge/nvalchemiplugin.so"
 echo "load it with: plugin load $prefix/plugin-build/cpp_bridge/nvalchemiplugin.so"
