@@ -41,6 +41,15 @@ static Pair *nvalchemi_creator(LAMMPS *lmp)
   return new PairNvalchemi(lmp);
 }
 
+#ifdef NVALCHEMI_KOKKOS
+// pair_style nvalchemi/kk (pair_nvalchemi_kokkos.cpp), in a plugin built against a KOKKOS
+// LAMMPS (NVALCHEMI_KOKKOS=ON)
+namespace NvalchemiLammps {
+Pair *create_pair_kokkos_device(LAMMPS *lmp);
+Pair *create_pair_kokkos_host(LAMMPS *lmp);
+}    // namespace NvalchemiLammps
+#endif
+
 /* ---------------------------------------------------------------------- */
 
 void lammpsplugin_init(void *lmp, void *handle, void *regfunc)
@@ -70,4 +79,18 @@ void lammpsplugin_init(void *lmp, void *handle, void *regfunc)
   plugin.creator.v1 = (lammpsplugin_factory1 *) &nvalchemi_creator;
   plugin.handle = handle;
   (*register_plugin)(&plugin, lmp);
+
+#ifdef NVALCHEMI_KOKKOS
+  // picked by -sf kk (LAMMPS maps pair_style nvalchemi to nvalchemi/kk) or by name;
+  // /kk/device and /kk/host as LAMMPS's own KOKKOS styles name their spaces
+  plugin.name = "nvalchemi/kk";
+  plugin.info = "nvalchemi pair style, KOKKOS, v" NVALCHEMI_LAMMPS_VERSION;
+  plugin.creator.v1 = (lammpsplugin_factory1 *) &NvalchemiLammps::create_pair_kokkos_device;
+  (*register_plugin)(&plugin, lmp);
+  plugin.name = "nvalchemi/kk/device";
+  (*register_plugin)(&plugin, lmp);
+  plugin.name = "nvalchemi/kk/host";
+  plugin.creator.v1 = (lammpsplugin_factory1 *) &NvalchemiLammps::create_pair_kokkos_host;
+  (*register_plugin)(&plugin, lmp);
+#endif
 }

@@ -564,3 +564,10 @@ void PythonSession::compute(const Step &step, Result &result, Collectives *colle
   result.npairs = static_cast<int>(back);
   result.atom_forces_written = PyObject_IsTrue(written.get()) == 1;
 }
+
+/* ---------------------------------------------------------------------- */
+
+void NvalchemiLammps::raise_pending_python_error(const std::string &context)
+{
+  raise_python_error(context);
+}

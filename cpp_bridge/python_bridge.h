@@ -34,6 +34,9 @@ class PythonError : public std::runtime_error {
   std::string type_;
 };
 
+// the pending Python exception as a PythonError (for the other bridge files); call with the GIL
+[[noreturn]] void raise_pending_python_error(const std::string &context);
+
 // LAMMPS's communication as the model sees it, on rows of doubles laid out as
 // LAMMPS orders atoms (owned rows first, then ghosts), `width` values per row.
 class Collectives {
@@ -147,6 +150,9 @@ class PythonSession {
   // run the potential on one rank's graph. The model may call the collectives during
   // the call, never after.
   void compute(const Step &step, Result &result, Collectives *collectives);
+
+  // the Python session object (PyObject *), for the KOKKOS variant's step (kokkos_bridge.cpp)
+  void *python_object() const { return session_; }
 
  private:
   void *session_;    // PyObject *, opaque here

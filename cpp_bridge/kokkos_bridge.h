@@ -1,0 +1,75 @@
+/* -*- c++ -*- ----------------------------------------------------------
+   nvalchemi-lammps: the embedded-Python half of pair_style nvalchemi/kk.
+   LAMMPS's device arrays reach torch as DLPack capsules (no copy); this
+   header knows neither Python nor Kokkos: the pair style describes each
+   array by pointer, device, dtype, shape and strides.
+------------------------------------------------------------------------- */
+
+#ifndef NVALCHEMI_KOKKOS_BRIDGE_H
+#define NVALCHEMI_KOKKOS_BRIDGE_H
+
+#include <cstdint>
+
+namespace NvalchemiLammps {
+
+class PythonSession;
+
+// One array in LAMMPS's memory, described as DLPack describes it. A null data pointer
+// with ndim 0 stands for "not given" (None on the Python side).
+struct DeviceArray {
+  // DLPack's codes: device kDLCPU = 1, kDLCUDA = 2; dtype kDLInt = 0, kDLFloat = 2
+  static constexpr int CPU = 1, CUDA = 2;
+  static constexpr int INT = 0, FLOAT = 2;
+  void *data = nullptr;
+  int device_type = CPU, device_id = 0;
+  int code = FLOAT, bits = 64;
+  int ndim = 0;
+  int64_t shape[2] = {0, 0};
+  int64_t strides[2] = {0, 0};    // in elements
+};
+
+// KOKKOS's communication as the model sees it, on (nrows, width) float64 arrays in the
+// execution space's memory (rows as LAMMPS orders atoms: owned first, then ghosts)
+class DeviceCollectives {
+ public:
+  virtual ~DeviceCollectives() = default;
+  virtual int ntotal() const = 0;
+  // ghost rows take their owner's row (forward), or are summed into it and zeroed (reverse)
+  virtual void exchange(double *rows, int nrows, int width, bool forward) = 0;
+  // in-place sum over all ranks of host values
+  virtual void allreduce(double *values, int count) = 0;
+};
+
+// One step on one rank: views of LAMMPS's arrays, valid during the call only.
+struct DeviceStep {
+  int nlocal, ntotal;
+  int nreceivers;           // list rows whose neighbors are pairs (owned; + ghosts for shell)
+  DeviceArray positions;    // (ntotal, 3)
+  DeviceArray types;        // (ntotal,)
+  DeviceArray tags;         // (ntotal,) atom IDs
+  DeviceArray type_map;     // (ntypes + 1,) model element per LAMMPS type, -1 for NULL
+  DeviceArray ilist;        // (nreceivers,)
+  DeviceArray numneigh;     // (rows,) indexed by atom row
+  DeviceArray neighbors;    // (rows, maxneighs), indexed by atom row
+  DeviceArray forces;       // (ntotal, 3), added to
+  DeviceArray atom_energies;    // (nlocal,), added to; not given without eflag_atom
+  DeviceArray atom_virials;     // (ntotal, 6), added to; not given without vflag_atom
+  bool pair_virial;             // the pairs' global virial wanted back (no f.r)
+  // what a model that needs positions reads besides the pairs
+  DeviceArray charges;    // (ntotal,), or not given
+  double cell[9];         // lattice vectors as rows
+  int periodic[3];
+};
+
+struct DeviceResult {
+  double energy;       // this rank's energy
+  double virial[6];    // xx yy zz xy xz yz: the pairs' (pair_virial) plus the non-pairwise part
+};
+
+// run the potential of `session` on one rank's step; errors come as PythonError
+void compute_on_device(PythonSession &session, const DeviceStep &step, DeviceResult &result,
+                       DeviceCollectives *collectives);
+
+}    // namespace NvalchemiLammps
+
+#endif

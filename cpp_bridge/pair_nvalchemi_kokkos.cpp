@@ -1,0 +1,395 @@
+/* ----------------------------------------------------------------------
+   nvalchemi-lammps: pair_style nvalchemi/kk
+
+   The KOKKOS variant of pair_style nvalchemi: same keywords, model files,
+   checks and messages (it is a PairNvalchemi), but each step's data stays in
+   the execution space's memory. Positions, types, atom IDs, the type map and
+   the KOKKOS full neighbor list go to the model as DLPack views (kDLCPU on
+   a host space, kDLCUDA on a GPU); the model builds its pairs and rij with
+   the cutoff filter in torch and adds its forces (per-atom energies and
+   virials when asked) into LAMMPS's device arrays. Ghost features move
+   through KOKKOS's pair communication with device buffers.
+
+   Synchronization: LAMMPS's kernels are fenced before the model reads its
+   views; the Python side synchronizes torch's stream before it returns and
+   before each exchange, and each exchange is fenced before it returns.
+------------------------------------------------------------------------- */
+
+#include "pair_nvalchemi_kokkos.h"
+
+#include "atom_kokkos.h"
+#include "atom_masks.h"
+#include "comm.h"
+#include "comm_kokkos.h"
+#include "domain.h"
+#include "error.h"
+#include "force.h"
+#include "kokkos.h"
+#include "memory_kokkos.h"
+#include "neigh_list_kokkos.h"
+#include "neigh_request.h"
+#include "neighbor.h"
+#include "update.h"
+
+#include "kokkos_bridge.h"
+#include "python_bridge.h"
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+using namespace LAMMPS_NS;
+using NvalchemiLammps::DeviceArray;
+using NvalchemiLammps::DeviceCollectives;
+
+// Values per atom in one forward/reverse communication (as PairNvalchemi): LAMMPS's host
+// path sizes its buffers from comm_forward/comm_reverse at init; wider rows go in rounds.
+static constexpr int EXCHANGE_CHUNK = 64;
+
+namespace {
+
+// DLPack's description of a Kokkos view of this execution space
+template <class DeviceType, class View> DeviceArray describe(const View &view, int rows = -1)
+{
+  using value_type = typename View::non_const_value_type;
+  DeviceArray array;
+  array.data = const_cast<value_type *>(view.data());
+  array.device_type = DeviceArray::CPU;
+  array.device_id = 0;
+#ifdef KOKKOS_ENABLE_CUDA
+  if constexpr (!std::is_same_v<typename DeviceType::memory_space, Kokkos::HostSpace>) {
+    array.device_type = DeviceArray::CUDA;
+    array.device_id = typename DeviceType::execution_space().cuda_device();
+  }
+#endif
+  array.code = std::is_floating_point_v<value_type> ? DeviceArray::FLOAT : DeviceArray::INT;
+  array.bits = static_cast<int>(8 * sizeof(value_type));
+  array.ndim = static_cast<int>(View::rank);
+  for (int d = 0; d < array.ndim; d++) {
+    array.shape[d] = static_cast<int64_t>(view.extent(d));
+    array.strides[d] = static_cast<int64_t>(view.stride(d));
+  }
+  if (rows >= 0) array.shape[0] = std::min<int64_t>(rows, array.shape[0]);
+  return array;
+}
+
+// the pair style's KOKKOS communication, as the model's collectives
+template <class DeviceType> class KokkosCollectives : public DeviceCollectives {
+ public:
+  KokkosCollectives(PairNvalchemiKokkos<DeviceType> *pair, Atom *atom, MPI_Comm world) :
+      pair(pair), atom(atom), world(world)
+  {
+  }
+  int ntotal() const override { return atom->nlocal + atom->nghost; }
+  void exchange(double *rows, int nrows, int width, bool forward) override
+  {
+    pair->exchange_on_device(rows, nrows, width, forward);
+  }
+  void allreduce(double *values, int count) override
+  {
+    MPI_Allreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, MPI_SUM, world);
+  }
+
+ private:
+  PairNvalchemiKokkos<DeviceType> *pair;
+  Atom *atom;
+  MPI_Comm world;
+};
+
+}    // namespace
+
+/* ---------------------------------------------------------------------- */
+
+template <class DeviceType>
+PairNvalchemiKokkos<DeviceType>::PairNvalchemiKokkos(LAMMPS *lmp) : PairNvalchemi(lmp)
+{
+  kokkosable = 1;
+  atomKK = (AtomKokkos *) atom;
+  execution_space = ExecutionSpaceFromDevice<DeviceType>::space;
+  datamask_read = X_MASK | F_MASK | TYPE_MASK | TAG_MASK | ENERGY_MASK | VIRIAL_MASK;
+  datamask_modify = F_MASK | ENERGY_MASK | VIRIAL_MASK;
+  reverse_comm_device = 1;
+}
+
+/* ---------------------------------------------------------------------- */
+
+template <class DeviceType> PairNvalchemiKokkos<DeviceType>::~PairNvalchemiKokkos()
+{
+  if (copymode) return;
+  memoryKK->destroy_kokkos(k_eatom, eatom);
+  memoryKK->destroy_kokkos(k_vatom, vatom);
+}
+
+/* ---------------------------------------------------------------------- */
+
+template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int eflag, int vflag)
+{
+  ev_init(eflag, vflag, 0);
+
+  // per-atom energies and virials live in the execution space (k_eatom, k_vatom)
+  if (eflag_atom) {
+    if ((int) k_eatom.view_host().extent(0) < maxeatom) {
+      memoryKK->destroy_kokkos(k_eatom, eatom);
+      memoryKK->create_kokkos(k_eatom, eatom, maxeatom, "pair:eatom");
+    }
+    Kokkos::deep_copy(k_eatom.template view<DeviceType>(), 0.0);
+    k_eatom.template modify<DeviceType>();
+  }
+  if (vflag_atom) {
+    if ((int) k_vatom.view_host().extent(0) < maxvatom) {
+      memoryKK->destroy_kokkos(k_vatom, vatom);
+      memoryKK->create_kokkos(k_vatom, vatom, maxvatom, 6, "pair:vatom");
+    }
+    Kokkos::deep_copy(k_vatom.template view<DeviceType>(), 0.0);
+    k_vatom.template modify<DeviceType>();
+  }
+
+  const bool charged = session->needs_positions() && atom->q_flag;
+  atomKK->sync(execution_space, X_MASK | F_MASK | TYPE_MASK | TAG_MASK | (charged ? Q_MASK : 0));
+  k_map.template sync<DeviceType>();
+  x = atomKK->k_x.view<DeviceType>();
+  f = atomKK->k_f.view<DeviceType>();
+  auto type = atomKK->k_type.view<DeviceType>();
+  auto tag = atomKK->k_tag.view<DeviceType>();
+  auto *k_list = static_cast<NeighListKokkos<DeviceType> *>(list);
+
+  const int nlocal = atom->nlocal;
+  const int ntotal = nlocal + atom->nghost;
+
+  NvalchemiLammps::DeviceStep step{};
+  step.nlocal = nlocal;
+  step.ntotal = ntotal;
+  step.nreceivers = shell ? k_list->inum + k_list->gnum : k_list->inum;
+  step.positions = describe<DeviceType>(x, ntotal);
+  step.types = describe<DeviceType>(type, ntotal);
+  step.tags = describe<DeviceType>(tag, ntotal);
+  step.type_map = describe<DeviceType>(k_map.template view<DeviceType>());
+  step.ilist = describe<DeviceType>(k_list->d_ilist, step.nreceivers);
+  step.numneigh = describe<DeviceType>(k_list->d_numneigh);
+  step.neighbors = describe<DeviceType>(k_list->d_neighbors);
+  step.forces = describe<DeviceType>(f, ntotal);
+  if (eflag_atom) step.atom_energies = describe<DeviceType>(k_eatom.template view<DeviceType>(), nlocal);
+  if (vflag_atom) step.atom_virials = describe<DeviceType>(k_vatom.template view<DeviceType>(), ntotal);
+  step.pair_virial = vflag_global && !vflag_fdotr;
+  if (session->needs_positions()) {
+    if (charged) step.charges = describe<DeviceType>(atomKK->k_q.view<DeviceType>(), ntotal);
+    const double *h = domain->h;    // xprd yprd zprd yz xz xy
+    const double cell[9] = {h[0], 0.0, 0.0, h[5], h[1], 0.0, h[4], h[3], h[2]};
+    std::copy(cell, cell + 9, step.cell);
+    step.periodic[0] = domain->xperiodic;
+    step.periodic[1] = domain->yperiodic;
+    step.periodic[2] = domain->zperiodic;
+  }
+
+  // LAMMPS's kernels (the neighbor list, the force clear) have finished before torch reads
+  DeviceType().fence();
+  NvalchemiLammps::DeviceResult result{};
+  KokkosCollectives<DeviceType> collectives(this, atom, world);
+  try {
+    NvalchemiLammps::compute_on_device(*session, step, result, &collectives);
+  } catch (std::exception &err) {
+    // rank-local failure: error->one aborts every rank instead of leaving the
+    // others waiting in the next collective
+    log_traceback(err);
+    error->one(FLERR, "Pair style nvalchemi/kk failed at step {}: {}", update->ntimestep,
+               with_type(err));
+  }
+
+  atomKK->modified(execution_space, F_MASK);
+  if (eflag_global) eng_vdwl += result.energy;
+  if (eflag_atom) {
+    k_eatom.template modify<DeviceType>();
+    k_eatom.sync_host();
+  }
+  if (vflag_atom) {
+    k_vatom.template modify<DeviceType>();
+    k_vatom.sync_host();
+  }
+  // KOKKOS's f.r sets the virial (Pair's adds to it): then the pairs' virial when f.r is
+  // not used, or the part f.r misses (non-pairwise terms)
+  const bool global_virial = vflag_global || vflag_fdotr;    // ev_setup clears one for the other
+  if (vflag_fdotr) pair_virial_fdotr_compute(this);
+  if (global_virial)
+    for (int k = 0; k < 6; k++) virial[k] += result.virial[k];
+}
+
+/* ----------------------------------------------------------------------
+   set coeffs as pair_style nvalchemi does, and the type map on the device
+------------------------------------------------------------------------- */
+
+template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::coeff(int narg, char **arg)
+{
+  PairNvalchemi::coeff(narg, arg);
+  const int np1 = atom->ntypes + 1;
+  k_map = DAT::tdual_int_1d("pair:map", np1);
+  for (int i = 0; i < np1; i++) k_map.view_host()(i) = map[i];
+  k_map.modify_host();
+  k_map.template sync<DeviceType>();
+}
+
+/* ----------------------------------------------------------------------
+   init specific to this pair style: pair_style nvalchemi's checks, and the
+   full neighbor list built by KOKKOS in this execution space
+------------------------------------------------------------------------- */
+
+template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::init_style()
+{
+  PairNvalchemi::init_style();
+  auto request = neighbor->find_request(this);
+  request->set_kokkos_host(std::is_same_v<DeviceType, LMPHostType> &&
+                           !std::is_same_v<DeviceType, LMPDeviceType>);
+  request->set_kokkos_device(std::is_same_v<DeviceType, LMPDeviceType>);
+}
+
+/* ----------------------------------------------------------------------
+   exchange of per-atom rows in the execution space's memory: forward, ghost
+   rows take their owner's row; reverse, ghost rows are added to their
+   owner's (through intermediate ghosts, as LAMMPS folds forces), then zeroed.
+   KOKKOS's device path packs and unpacks on the device; when KOKKOS takes its
+   host path for pair communication (MPI not GPU-aware on several ranks,
+   docs/kokkos.md), the rows are staged through a host copy (none for a host
+   execution space, whose memory is the host's).
+------------------------------------------------------------------------- */
+
+template <class DeviceType>
+void PairNvalchemiKokkos<DeviceType>::exchange_on_device(double *rows, int nrows, int width,
+                                                         bool forward)
+{
+  const size_t count = static_cast<size_t>(nrows) * width;
+  d_rows = t_rows(rows, count);
+  const bool legacy = forward ? lmp->kokkos->forward_pair_comm_legacy
+                              : lmp->kokkos->reverse_pair_comm_legacy;
+  const bool host_memory = std::is_same_v<typename DeviceType::memory_space, Kokkos::HostSpace>;
+  typename t_rows::host_mirror_type h_rows;
+  if (legacy && !host_memory) {
+    h_rows = Kokkos::create_mirror_view(d_rows);
+    Kokkos::deep_copy(h_rows, d_rows);
+    exchange_rows = h_rows.data();
+  } else
+    exchange_rows = rows;
+  // LAMMPS sends a pair style of a host execution space through its host path; in a
+  // LAMMPS whose KOKKOS device is the host (Serial, OpenMP) the rows are in that memory
+  // either way, so KOKKOS's device path (the pack/unpack kernels below, as on a GPU) runs
+  // unless KOKKOS chose the host path (comm/pair/forward host, ...)
+  auto *commKK = dynamic_cast<CommKokkos *>(comm);
+  const bool host_device = std::is_same_v<DeviceType, LMPDeviceType> &&
+      ExecutionSpaceFromDevice<DeviceType>::space == HostKK;
+  const bool direct = commKK && host_device && !legacy;
+  exchange_width = width;
+  for (exchange_offset = 0; exchange_offset < width; exchange_offset += EXCHANGE_CHUNK) {
+    exchange_count = std::min(EXCHANGE_CHUNK, width - exchange_offset);
+    if (direct && forward)
+      commKK->forward_comm_device<LMPDeviceType>(this, exchange_count);
+    else if (direct)
+      commKK->reverse_comm_device<LMPDeviceType>(this, exchange_count);
+    else if (forward)
+      comm->forward_comm(this, exchange_count);
+    else
+      comm->reverse_comm(this, exchange_count);
+  }
+  if (legacy && !host_memory) Kokkos::deep_copy(d_rows, h_rows);
+  if (!forward) {
+    auto d = d_rows;
+    const size_t first = static_cast<size_t>(atom->nlocal) * width;
+    Kokkos::parallel_for(
+        Kokkos::RangePolicy<DeviceType>(first, count), KOKKOS_LAMBDA(const size_t k) { d(k) = 0.0; });
+  }
+  DeviceType().fence();
+  exchange_rows = nullptr;
+  d_rows = t_rows();
+}
+
+/* ---------------------------------------------------------------------- */
+
+template <class DeviceType>
+int PairNvalchemiKokkos<DeviceType>::pack_forward_comm_kokkos(int n, DAT::tdual_int_1d k_sendlist,
+                                                             DAT::tdual_double_1d &k_buf,
+                                                             int /*pbc_flag*/, int * /*pbc*/)
+{
+  auto sendlist = k_sendlist.view<DeviceType>();
+  auto buf = k_buf.view<DeviceType>();
+  auto rows = d_rows;
+  const int width = exchange_width, offset = exchange_offset, per = exchange_count;
+  Kokkos::parallel_for(
+      Kokkos::RangePolicy<DeviceType>(0, n), KOKKOS_LAMBDA(const int ii) {
+        const size_t row = static_cast<size_t>(sendlist(ii)) * width + offset;
+        for (int k = 0; k < per; k++) buf(static_cast<size_t>(ii) * per + k) = rows(row + k);
+      });
+  return n * per;
+}
+
+/* ---------------------------------------------------------------------- */
+
+template <class DeviceType>
+void PairNvalchemiKokkos<DeviceType>::unpack_forward_comm_kokkos(int n, int first,
+                                                                DAT::tdual_double_1d &k_buf)
+{
+  auto buf = k_buf.view<DeviceType>();
+  auto rows = d_rows;
+  const int width = exchange_width, offset = exchange_offset, per = exchange_count;
+  Kokkos::parallel_for(
+      Kokkos::RangePolicy<DeviceType>(0, n), KOKKOS_LAMBDA(const int ii) {
+        const size_t row = static_cast<size_t>(first + ii) * width + offset;
+        for (int k = 0; k < per; k++) rows(row + k) = buf(static_cast<size_t>(ii) * per + k);
+      });
+}
+
+/* ---------------------------------------------------------------------- */
+
+template <class DeviceType>
+int PairNvalchemiKokkos<DeviceType>::pack_reverse_comm_kokkos(int n, int first,
+                                                             DAT::tdual_double_1d &k_buf)
+{
+  auto buf = k_buf.view<DeviceType>();
+  auto rows = d_rows;
+  const int width = exchange_width, offset = exchange_offset, per = exchange_count;
+  Kokkos::parallel_for(
+      Kokkos::RangePolicy<DeviceType>(0, n), KOKKOS_LAMBDA(const int ii) {
+        const size_t row = static_cast<size_t>(first + ii) * width + offset;
+        for (int k = 0; k < per; k++) buf(static_cast<size_t>(ii) * per + k) = rows(row + k);
+      });
+  return n * per;
+}
+
+/* ----------------------------------------------------------------------
+   an atom appears at most once in one swap's send list, so the sums of one
+   swap do not race (as in LAMMPS's own KOKKOS reverse communication)
+------------------------------------------------------------------------- */
+
+template <class DeviceType>
+void PairNvalchemiKokkos<DeviceType>::unpack_reverse_comm_kokkos(int n, DAT::tdual_int_1d k_sendlist,
+                                                                DAT::tdual_double_1d &k_buf)
+{
+  auto sendlist = k_sendlist.view<DeviceType>();
+  auto buf = k_buf.view<DeviceType>();
+  auto rows = d_rows;
+  const int width = exchange_width, offset = exchange_offset, per = exchange_count;
+  Kokkos::parallel_for(
+      Kokkos::RangePolicy<DeviceType>(0, static_cast<size_t>(n) * per),
+      KOKKOS_LAMBDA(const size_t m) {
+        const size_t ii = m / per, k = m % per;
+        rows(static_cast<size_t>(sendlist(ii)) * width + offset + k) += buf(m);
+      });
+}
+
+/* ----------------------------------------------------------------------
+   factories for the plugin's registration (nvalchemiplugin.cpp)
+------------------------------------------------------------------------- */
+
+namespace NvalchemiLammps {
+Pair *create_pair_kokkos_device(LAMMPS *lmp)
+{
+  return new PairNvalchemiKokkos<LMPDeviceType>(lmp);
+}
+Pair *create_pair_kokkos_host(LAMMPS *lmp)
+{
+  return new PairNvalchemiKokkos<LMPHostType>(lmp);
+}
+}    // namespace NvalchemiLammps
+
+namespace LAMMPS_NS {
+template class PairNvalchemiKokkos<LMPDeviceType>;
+#ifdef LMP_KOKKOS_GPU
+template class PairNvalchemiKokkos<LMPHostType>;
+#endif
+}    // namespace LAMMPS_NS

@@ -1,0 +1,70 @@
+/* -*- c++ -*- ----------------------------------------------------------
+   nvalchemi-lammps: pair_style nvalchemi/kk, the KOKKOS variant of
+   pair_style nvalchemi. Positions, types, atom IDs and the KOKKOS neighbor
+   list go to torch as DLPack views of LAMMPS's device arrays (no copy), the
+   model's forces are added into LAMMPS's device force array, and ghost
+   features move through KOKKOS's pair communication on device buffers.
+------------------------------------------------------------------------- */
+
+#ifdef PAIR_CLASS
+// clang-format off
+PairStyle(nvalchemi/kk,PairNvalchemiKokkos<LMPDeviceType>);
+PairStyle(nvalchemi/kk/device,PairNvalchemiKokkos<LMPDeviceType>);
+PairStyle(nvalchemi/kk/host,PairNvalchemiKokkos<LMPHostType>);
+// clang-format on
+#else
+
+#ifndef LMP_PAIR_NVALCHEMI_KOKKOS_H
+#define LMP_PAIR_NVALCHEMI_KOKKOS_H
+
+#include "kokkos_base.h"
+#include "kokkos_type.h"
+#include "pair_kokkos.h"
+#include "pair_nvalchemi.h"
+
+namespace LAMMPS_NS {
+
+template <class DeviceType> class PairNvalchemiKokkos : public PairNvalchemi, public KokkosBase {
+ public:
+  typedef DeviceType device_type;
+  typedef ArrayTypes<DeviceType> AT;
+
+  PairNvalchemiKokkos(class LAMMPS *);
+  ~PairNvalchemiKokkos() override;
+
+  void compute(int, int) override;
+  void coeff(int, char **) override;
+  void init_style() override;
+
+  // ghost rows of a (nrows, width) float64 array in the execution space's memory take
+  // their owners' rows (forward), or are summed into them and zeroed (reverse)
+  void exchange_on_device(double *rows, int nrows, int width, bool forward);
+
+  int pack_forward_comm_kokkos(int, DAT::tdual_int_1d, DAT::tdual_double_1d &, int,
+                               int *) override;
+  void unpack_forward_comm_kokkos(int, int, DAT::tdual_double_1d &) override;
+  int pack_reverse_comm_kokkos(int, int, DAT::tdual_double_1d &) override;
+  void unpack_reverse_comm_kokkos(int, DAT::tdual_int_1d, DAT::tdual_double_1d &) override;
+
+  // what pair_virial_fdotr_compute reads
+  typename AT::t_kkfloat_1d_3_lr x;
+  typename AT::t_kkacc_1d_3 f;
+
+ protected:
+  DAT::tdual_int_1d k_map;    // LAMMPS type -> model element index, -1 for NULL
+  DAT::tdual_double_1d k_eatom;
+  DAT::tdual_double_2d_lr k_vatom;
+  // the rows being exchanged (exchange_width values per atom), in the execution space's
+  // memory: a view of the model's tensor
+  typedef Kokkos::View<double *, Kokkos::LayoutRight, DeviceType,
+                       Kokkos::MemoryTraits<Kokkos::Unmanaged>>
+      t_rows;
+  t_rows d_rows;
+
+  friend void pair_virial_fdotr_compute<PairNvalchemiKokkos>(PairNvalchemiKokkos *);
+};
+
+}    // namespace LAMMPS_NS
+
+#endif
+#endif

@@ -1,0 +1,278 @@
+"""Python side of ``pair_style nvalchemi/kk`` (cpp_bridge/pair_nvalchemi_kokkos.cpp).
+
+The KOKKOS variant of the plugin's pair style loads its model through the same
+:class:`~nvalchemi_lammps.frontends.plugin.PluginSession` (keywords, strategy, checks), and
+each step calls :func:`compute` with one :class:`KokkosStepRecord`: DLPack capsules over
+LAMMPS's arrays in the KOKKOS execution space's memory (host memory for Kokkos's Serial or
+OpenMP spaces, GPU memory for CUDA), wrapped by ``torch.from_dlpack`` without a copy. The
+pairs come from KOKKOS's full neighbor list, filtered to the cutoff here in torch; the
+forces (and per-atom energies and virials, when LAMMPS asks) are added into LAMMPS's own
+arrays in place. Nothing per atom or per pair goes through the host, except what LAMMPS's
+own host path for pair communication stages (docs/kokkos.md).
+
+The views are LAMMPS's memory: valid during the call only, never kept.
+
+Synchronization with Kokkos on a GPU: the pair style fences Kokkos before this call and
+after each exchange; here torch's stream is synchronized before each exchange (Kokkos's
+kernels then read what torch wrote) and before returning (LAMMPS then reads the forces).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..contract import Comm, LocalGraph, with_adjoint
+from ..engine import Evaluation, evaluate
+from .plugin import PluginSession, _within_cutoff
+
+__all__ = ["NEIGHMASK", "KokkosComm", "KokkosStepRecord", "KokkosStepResult", "compute"]
+
+#: LAMMPS's mask of the atom index in a neighbor-list entry (``NEIGHMASK``, src/lmptype.h);
+#: the bits above it mark special bonds
+NEIGHMASK = 0x1FFFFFFF
+
+#: atom IDs named in a message about non-finite results
+_SHOWN = 8
+
+
+@dataclass(frozen=True)
+class KokkosStepRecord:
+    """One step on one rank, as the KOKKOS pair style hands it over. The arrays are DLPack
+    capsules over LAMMPS's arrays in the execution space's memory (``None``: not given).
+
+    :param nlocal: owned atoms
+    :param ntotal: owned and ghost atoms
+    :param nreceivers: rows of ``ilist`` whose neighbors make pairs (owned atoms; with the
+        widened-shell strategy also ghosts)
+    :param positions: ``(ntotal, 3)`` positions
+    :param types: ``(ntotal,)`` LAMMPS atom types
+    :param tags: ``(ntotal,)`` atom IDs (for messages)
+    :param type_map: ``(ntypes + 1,)`` model element index per LAMMPS type, -1 for NULL
+    :param ilist: ``(nreceivers,)`` the atom row of each list entry
+    :param numneigh: neighbors per atom row
+    :param neighbors: ``(rows, maxneighs)`` neighbor rows per atom row (with special bits)
+    :param forces: ``(ntotal, 3)`` LAMMPS's forces, added to in place
+    :param atom_energies: ``(nlocal,)``, added to in place (per-atom energies wanted)
+    :param atom_virials: ``(ntotal, 6)``, added to in place (per-atom virials wanted)
+    :param pair_virial: the pairs' global virial wanted back (LAMMPS does not use f.r)
+    :param charges: ``(ntotal,)`` per-atom charges, for a model that needs positions
+    :param cell: lattice vectors as rows, 9 values
+    :param periodic: periodicity of each lattice direction
+    :param collectives: the step's KOKKOS collectives (valid during the call only)
+    """
+
+    nlocal: int
+    ntotal: int
+    nreceivers: int
+    positions: Any
+    types: Any
+    tags: Any
+    type_map: Any
+    ilist: Any
+    numneigh: Any
+    neighbors: Any
+    forces: Any
+    atom_energies: Any
+    atom_virials: Any
+    pair_virial: bool
+    charges: Any
+    cell: tuple[float, ...]
+    periodic: tuple[bool, bool, bool]
+    collectives: Any
+
+
+@dataclass(frozen=True)
+class KokkosStepResult:
+    """What :func:`compute` returns to the pair style.
+
+    :param energy: this rank's energy
+    :param virial: ``xx yy zz xy xz yz`` to add to LAMMPS's global virial (the pairs' when
+        ``pair_virial``, plus the part ``sum x . f`` misses for models that need positions),
+        or ``None``
+    """
+
+    energy: float
+    virial: tuple[float, float, float, float, float, float] | None
+
+
+def _view(capsule: Any) -> torch.Tensor | None:
+    return None if capsule is None else torch.from_dlpack(capsule)
+
+
+class KokkosComm(Comm):
+    """Collectives of one ``pair_style nvalchemi/kk`` compute call: exchanges through
+    KOKKOS's pair communication on arrays in the execution space's memory (passed by
+    address, no copy to the host), sums over ranks through MPI on the host (a few values).
+
+    :param collectives: the pair style's ``KokkosCollectives`` object
+    :param device: where LAMMPS's KOKKOS arrays live (rows are exchanged there)
+    :param exchange: ``False`` under the widened-shell strategy: the exchanges are the
+        identity (the all-reduce stays real)
+    """
+
+    def __init__(self, collectives: Any, device: torch.device, exchange: bool = True) -> None:
+        self.collectives = collectives
+        self.device = device
+        self.exchange = exchange
+
+    def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
+        return with_adjoint(src, self._forward, self._reverse) if self.exchange else src
+
+    def reverse_exchange(self, src: torch.Tensor) -> torch.Tensor:
+        return with_adjoint(src, self._reverse, self._forward) if self.exchange else src
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        return with_adjoint(x, self._sum, self._sum)
+
+    def _forward(self, src: torch.Tensor) -> torch.Tensor:
+        return self._exchanged(self.collectives.forward_exchange, src)
+
+    def _reverse(self, src: torch.Tensor) -> torch.Tensor:
+        return self._exchanged(self.collectives.reverse_exchange, src)
+
+    def _exchanged(self, operation: Any, src: torch.Tensor) -> torch.Tensor:
+        # the width from the shape, not reshape(-1): a rank without atoms has zero rows
+        width = math.prod(src.shape[1:])
+        rows = src.detach().reshape(src.shape[0], width)
+        rows = rows.to(device=self.device, dtype=torch.float64, copy=True).contiguous()
+        if width:  # the same width on every rank: all call, or none
+            if rows.is_cuda:  # Kokkos's kernels read what torch wrote
+                torch.cuda.current_stream(rows.device).synchronize()
+            operation(rows.data_ptr(), int(rows.shape[0]), int(width))
+        return rows.to(device=src.device, dtype=src.dtype).reshape(src.shape)
+
+    def _sum(self, x: torch.Tensor) -> torch.Tensor:
+        values = x.detach().reshape(-1).to(device="cpu", dtype=torch.float64, copy=True)
+        self.collectives.allreduce(memoryview(values.contiguous().numpy()))
+        return values.to(device=x.device, dtype=x.dtype).reshape(x.shape)
+
+
+def _pairs(step: KokkosStepRecord, species: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every directed pair (i, j) of the KOKKOS full list between mapped atoms, the list's
+    order (receivers in ``ilist`` order, then their neighbors in list order)."""
+    ilist, numneigh, neighbors = (_view(a) for a in (step.ilist, step.numneigh, step.neighbors))
+    rows = ilist[: step.nreceivers].long()
+    device = species.device
+    if rows.numel() == 0 or neighbors.shape[1] == 0:
+        empty = torch.empty(0, dtype=torch.int64, device=device)
+        return empty, empty
+    counts = numneigh.long().index_select(0, rows)
+    listed = neighbors.index_select(0, rows)  # (receivers, maxneighs), int32
+    mask = torch.arange(listed.shape[1], device=device)[None, :] < counts[:, None]
+    pair_i = rows[:, None].expand(listed.shape)[mask]
+    pair_j = (listed[mask] & NEIGHMASK).long()
+    mapped = (species.index_select(0, pair_i) >= 0) & (species.index_select(0, pair_j) >= 0)
+    if step.nreceivers and not bool(mapped.all()):  # NULL types (pair_style hybrid)
+        keep = mapped.nonzero()[:, 0]
+        pair_i, pair_j = pair_i[keep], pair_j[keep]
+    return pair_i, pair_j
+
+
+def compute(session: PluginSession, step: KokkosStepRecord) -> KokkosStepResult:
+    """One step on one rank: LAMMPS's arrays in, forces (energies, virials) added in place."""
+    nlocal, ntotal = step.nlocal, step.ntotal
+    x = _view(step.positions)
+    if x.device.type != session.device.type:
+        raise ValueError(
+            f"LAMMPS's KOKKOS arrays are on {x.device} but the model is on {session.device}: "
+            f"give pair_style nvalchemi the keyword device {x.device.type}"
+        )
+    x = x[:ntotal].to(torch.float64)
+    type_map = _view(step.type_map).long()
+    species = type_map.index_select(0, _view(step.types)[:ntotal].long())
+    pair_i, pair_j = _pairs(step, species)
+    pair_i, pair_j, rij = _within_cutoff(x, pair_i, pair_j, session.cutoff)
+    inputs: dict[str, Any] = {}
+    if session.needs_positions:
+        charges = _view(step.charges)
+        inputs = {
+            "positions": x,
+            "charges": None if charges is None else charges[:ntotal].to(torch.float64),
+            "cell": torch.tensor(step.cell, dtype=torch.float64).view(3, 3),
+            "pbc": tuple(bool(p) for p in step.periodic),
+        }
+    graph = LocalGraph(
+        nlocal,
+        species,
+        pair_i,
+        pair_j,
+        rij,
+        KokkosComm(step.collectives, x.device, session.uses_exchange),
+        total_charge=session.total_charge,
+        spin=session.spin,
+        task=session.task,
+        **inputs,
+    )
+    result = evaluate(session.potential, graph)
+    if not result.finite:
+        _stop_nonfinite(session, step, result, pair_i, pair_j)
+
+    forces = _view(step.forces)[:ntotal]
+    pair_forces = result.pair_forces.to(device=forces.device, dtype=forces.dtype)
+    forces.index_add_(0, pair_i, pair_forces)
+    forces.index_add_(0, pair_j, pair_forces, alpha=-1.0)
+    if result.atom_forces is not None:
+        forces += result.atom_forces.to(device=forces.device, dtype=forces.dtype)
+    atom_energies = _view(step.atom_energies)
+    if atom_energies is not None:
+        atom_energies[:nlocal] += result.atom_energies.to(atom_energies.device)
+    virial = None
+    atom_virials = _view(step.atom_virials)
+    if step.pair_virial or atom_virials is not None:
+        # (x_i - x_j) (x) f_i = -rij (x) fij, as LAMMPS's ev_tally_xyz: xx yy zz xy xz yz,
+        # half onto i and half onto j
+        d, fij = -rij, result.pair_forces.to(rij.device)
+        per_pair = torch.stack(
+            (
+                d[:, 0] * fij[:, 0],
+                d[:, 1] * fij[:, 1],
+                d[:, 2] * fij[:, 2],
+                d[:, 0] * fij[:, 1],
+                d[:, 0] * fij[:, 2],
+                d[:, 1] * fij[:, 2],
+            ),
+            dim=1,
+        )
+        if atom_virials is not None:
+            half = (0.5 * per_pair).to(atom_virials.dtype)
+            atom_virials[:ntotal].index_add_(0, pair_i, half)
+            atom_virials[:ntotal].index_add_(0, pair_j, half)
+        if step.pair_virial:
+            virial = per_pair.sum(dim=0)
+    if result.virial is not None:  # what f.r of the non-pairwise forces misses
+        extra = result.virial.to(x.device, torch.float64)
+        virial = extra if virial is None else virial + extra
+    if x.is_cuda:  # LAMMPS's kernels read the forces next
+        torch.cuda.current_stream(x.device).synchronize()
+    return KokkosStepResult(
+        result.energy, None if virial is None else tuple(float(v) for v in virial.cpu())
+    )
+
+
+def _stop_nonfinite(
+    session: PluginSession,
+    step: KokkosStepRecord,
+    result: Evaluation,
+    pair_i: torch.Tensor,
+    pair_j: torch.Tensor,
+) -> None:
+    """Raise naming the atoms (IDs) with a non-finite energy or force: runs only on
+    failure, so the search costs nothing per step."""
+    tags = _view(step.tags)[: step.ntotal].long()
+    energies = ~torch.isfinite(result.atom_energies)
+    pairs = ~torch.isfinite(result.pair_forces).all(dim=1)
+    rows = [energies.nonzero()[:, 0].to(tags.device), pair_i[pairs], pair_j[pairs]]
+    if result.atom_forces is not None:
+        rows.append((~torch.isfinite(result.atom_forces).all(dim=1)).nonzero()[:, 0])
+    ids = sorted({int(t) for t in tags.index_select(0, torch.cat(rows).to(tags.device)).cpu()})
+    named = " ".join(str(t) for t in ids[:_SHOWN])
+    if len(ids) > _SHOWN:
+        named += f" ... ({len(ids)} atoms)"
+    raise ValueError(
+        f"the {session.potential.name} model returned non-finite energies or forces"
+        + (f" on atoms {named}" if ids else " (each value is finite: their sum overflows)")
+    )

@@ -1,0 +1,171 @@
+"""The Python side of ``pair_style nvalchemi/kk`` (``frontends/kokkos.py``) without LAMMPS:
+arrays laid out as KOKKOS hands them over (DLPack capsules; a padded full neighbor list
+with special-bond bits and candidates beyond the cutoff; a type map with NULL), one rank
+whose ghosts are periodic images, and collectives that fold ghosts as LAMMPS's
+communication does. Forces, per-atom energies and per-atom virials, added in place into
+the arrays, against the single-process reference, to 1e-10 relative. The same code runs on
+a GPU, where the capsules are CUDA's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+from _systems import decompose, fcc_argon_222, lennard_jones, triclinic_ar_ne
+from lammps_helpers import assert_all_close
+from torch.utils.dlpack import to_dlpack
+
+from nvalchemi_lammps import MessagePassing, save_model
+from nvalchemi_lammps.frontends.kokkos import NEIGHMASK, KokkosStepRecord, compute
+from nvalchemi_lammps.frontends.plugin import PluginSession
+from nvalchemi_lammps.reference import evaluate_reference
+
+SKIN = 1.0
+SPECIAL = 1 << 30  # a special-bond bit above NEIGHMASK
+
+
+class OneRank:
+    """KOKKOS's collectives on one rank: a ghost row is an image of ``source[row]``."""
+
+    def __init__(self, source: np.ndarray, nlocal: int) -> None:
+        self.source, self.nlocal = source, nlocal
+        self.calls: list[str] = []
+
+    def _rows(self, address: int, nrows: int, width: int) -> np.ndarray:
+        buffer = (ctypes.c_double * (nrows * width)).from_address(address)
+        return np.frombuffer(buffer, dtype=np.float64).reshape(nrows, width)
+
+    def forward_exchange(self, address: int, nrows: int, width: int) -> None:
+        self.calls.append("forward")
+        rows = self._rows(address, nrows, width)
+        rows[self.nlocal :] = rows[self.source[self.nlocal :]]
+
+    def reverse_exchange(self, address: int, nrows: int, width: int) -> None:
+        self.calls.append("reverse")
+        rows = self._rows(address, nrows, width)
+        np.add.at(rows, self.source[self.nlocal :], rows[self.nlocal :])
+        rows[self.nlocal :] = 0.0
+
+    def allreduce(self, values: memoryview) -> None:
+        self.calls.append("allreduce")
+
+
+def _rank_arrays(system, cutoff: float):
+    """One rank's rows (owned, then periodic images) and its KOKKOS-like full list: every
+    row within cutoff + skin of an owned atom, padded rows, special bits on some entries."""
+    (graph,) = decompose(system, cutoff, 1)
+    positions = np.zeros((graph.ntotal, 3))
+    positions[: graph.nlocal] = system.positions[graph.owner[: graph.nlocal]]
+    positions[graph.pair_j] = positions[graph.pair_i] + graph.rij
+    distance = np.linalg.norm(positions[None, :, :] - positions[: graph.nlocal, None, :], axis=2)
+    lists = [
+        [j for j in range(graph.ntotal) if j != i and distance[i, j] < cutoff + SKIN]
+        for i in range(graph.nlocal)
+    ]
+    assert sum(len(js) for js in lists) > len(graph.pair_i), "no candidate beyond the cutoff"
+    maxneighs = max(len(js) for js in lists) + 3
+    neighbors = np.full((graph.ntotal, maxneighs), 123456, dtype=np.int32)  # padding: junk
+    numneigh = np.zeros(graph.ntotal, dtype=np.int32)
+    for i, js in enumerate(lists):
+        entries = np.array(js, dtype=np.int64)
+        entries[::5] |= SPECIAL
+        neighbors[i, : len(js)] = entries
+        numneigh[i] = len(js)
+    return graph, positions, neighbors, numneigh
+
+
+def _step(graph, positions, neighbors, numneigh, species, collectives, cell):
+    types = torch.from_numpy(species[graph.owner].astype(np.int32) + 1)
+    arrays = {
+        "positions": torch.from_numpy(positions.copy()),
+        "types": types,
+        "tags": torch.from_numpy(graph.owner.astype(np.int32) + 1),
+        # type 3 maps to NULL: no atom has it
+        "type_map": torch.tensor([-1, 0, 1, -1], dtype=torch.int32),
+        "ilist": torch.arange(graph.nlocal, dtype=torch.int32),
+        "numneigh": torch.from_numpy(numneigh),
+        "neighbors": torch.from_numpy(neighbors),
+        "forces": torch.zeros((graph.ntotal, 3), dtype=torch.float64),
+        "atom_energies": torch.zeros(graph.nlocal, dtype=torch.float64),
+        "atom_virials": torch.zeros((graph.ntotal, 6), dtype=torch.float64),
+    }
+    record = KokkosStepRecord(
+        nlocal=graph.nlocal,
+        ntotal=graph.ntotal,
+        nreceivers=graph.nlocal,
+        **{name: to_dlpack(t) for name, t in arrays.items()},
+        pair_virial=True,
+        charges=None,
+        cell=tuple(float(v) for v in cell.reshape(-1)),
+        periodic=(True, True, True),
+        collectives=collectives,
+    )
+    return record, arrays
+
+
+CASES = {
+    "lj": (fcc_argon_222, lambda s: lennard_jones(s, cutoff=6.0), "local"),
+    "mp-exchange": (
+        triclinic_ar_ne,
+        lambda s: MessagePassing(list(s.elements), cutoff=5.0, layers=3, features=8, seed=3),
+        "exchange",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_one_rank_equals_reference(case, tmp_path):
+    make_system, make_potential, strategy = CASES[case]
+    system = make_system()
+    potential = make_potential(system)
+    session = PluginSession(str(save_model(potential, tmp_path / "model.pt")), 1)
+    session.set_strategy(strategy)
+    graph, positions, neighbors, numneigh = _rank_arrays(system, potential.spec.cutoff)
+    collectives = OneRank(graph.owner, graph.nlocal)
+    record, arrays = _step(
+        graph, positions, neighbors, numneigh, system.species, collectives, system.cell
+    )
+
+    result = compute(session, record)
+
+    ref = evaluate_reference(potential, system.positions, system.cell, system.pbc, system.species)
+    n = len(system.species)
+    forces, virials = np.zeros((n, 3)), np.zeros((n, 6))
+    np.add.at(forces, graph.owner, arrays["forces"].numpy())  # LAMMPS's reverse comm
+    np.add.at(virials, graph.owner, arrays["atom_virials"].numpy())
+    energies = np.zeros(n)
+    energies[graph.owner[: graph.nlocal]] = arrays["atom_energies"].numpy()
+    voigt = ref.virial[[0, 1, 2, 0, 0, 1], [0, 1, 2, 1, 2, 2]]
+    assert_all_close(
+        f"kokkos-frontend/{case}",
+        {
+            "energy": (np.array([result.energy]), np.array([ref.energy])),
+            "energy_per_atom": (energies, ref.atom_energies),
+            "force": (forces, ref.forces),
+            "virial": (np.array(result.virial), voigt),
+            "virial_per_atom": (virials, ref.atom_virials),
+        },
+    )
+    exchanged = strategy == "exchange"
+    assert ("forward" in collectives.calls) == exchanged
+    assert ("reverse" in collectives.calls) == exchanged
+
+
+def test_null_types_and_special_bits_are_dropped(tmp_path):
+    """Pairs of a type mapped to NULL are not the model's; special-bond bits are masked."""
+    system = fcc_argon_222()
+    potential = lennard_jones(system, cutoff=6.0)
+    session = PluginSession(str(save_model(potential, tmp_path / "model.pt")), 1)
+    graph, positions, neighbors, numneigh = _rank_arrays(system, 6.0)
+    species = system.species.copy()
+    species[0] = 2  # LAMMPS type 3: NULL
+    record, arrays = _step(graph, positions, neighbors, numneigh, species, None, system.cell)
+    compute(session, record)
+    null_rows = np.flatnonzero(graph.owner == 0)
+    assert np.all(arrays["forces"].numpy()[null_rows] == 0.0)
+    assert arrays["atom_energies"][0] == 0.0
+    assert np.all(arrays["forces"].numpy()[1 : graph.nlocal] != 0.0)
+    assert NEIGHMASK & SPECIAL == 0
