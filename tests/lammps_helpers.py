@@ -104,25 +104,62 @@ def dump_commands(name: str, filename: str, columns: list[str]) -> str:
     )
 
 
-def comparison_script(data: str, pair_style: str, elements: str, processors: str = "") -> str:
-    """A ``run 0`` (metal units, ``atom_style atomic``) that writes what
-    :func:`assert_matches_reference` reads: the per-atom dump ``atoms.dump`` and the printed
-    energy and pressure."""
-    script = textwrap.dedent(
+#: Every per-atom column of a comparison run, in dump order.
+PER_ATOM_COLUMNS = [c for cs in PER_ATOM.values() for c in cs]
+
+
+def run0_header(data: str, processors: str = "") -> str:
+    """The start of a script of ``run 0`` evaluations (metal units, ``atom_style atomic``):
+    the data file, the per-atom energy and stress computes, thermo with the pressure."""
+    return textwrap.dedent(
         f"""\
         units metal
         atom_style atomic
         atom_modify map array
         {processors}
         read_data {data}
-        pair_style {pair_style}
-        pair_coeff * * {elements}
         compute pe all pe/atom
         compute stress all stress/atom NULL virial
         thermo_style custom step pe {" ".join(PRESSURE)}
         """
     )
-    script += dump_commands("d", "atoms.dump", [c for cs in PER_ATOM.values() for c in cs])
+
+
+def run0_evaluation(name: str, columns: list[str] = PER_ATOM_COLUMNS) -> str:
+    """One ``run 0`` of the pair style set before it: the dump ``NAME.dump`` (``columns``)
+    and the printed energy and pressure tagged ``NAME`` in capitals, which
+    :func:`read_evaluation` reads back."""
+    printed = print_results(name.upper(), {"pe": "pe", **{p: p for p in PRESSURE}})
+    return dump_commands("d", f"{name}.dump", columns) + "run 0\nundump d\n" + printed
+
+
+def read_evaluation(workdir, output: str, name: str, ids) -> tuple[dict, dict]:
+    """The dump and the printed results of :func:`run0_evaluation` ``name``, its rows
+    checked to be the atoms ``ids`` (sorted)."""
+    from nvalchemi_lammps.lammps_run import read_dump, read_results
+
+    atoms = read_dump(workdir / f"{name}.dump")
+    np.testing.assert_array_equal(atoms["id"], np.asarray(ids))
+    return atoms, read_results(output, name.upper())
+
+
+def assert_ranks_own(owned: list[tuple[int, int]], nprocs: int) -> None:
+    """``owned`` (:func:`atoms_per_rank`, one row per run) of a system with vacuum in its
+    upper half along z: under ``processors 2 1 1`` (2 ranks) every rank owns atoms, under
+    ``processors 2 1 2`` (4 ranks) some rank owns none."""
+    if nprocs == 2:
+        assert all(fewest > 0 for fewest, _ in owned), owned
+    if nprocs == 4:
+        assert all(fewest == 0 for fewest, _ in owned), owned
+
+
+def comparison_script(data: str, pair_style: str, elements: str, processors: str = "") -> str:
+    """A ``run 0`` (metal units, ``atom_style atomic``) that writes what
+    :func:`assert_matches_reference` reads: the per-atom dump ``atoms.dump`` and the printed
+    energy and pressure."""
+    script = run0_header(data, processors)
+    script += f"pair_style {pair_style}\npair_coeff * * {elements}\n"
+    script += dump_commands("d", "atoms.dump", PER_ATOM_COLUMNS)
     return script + "run 0\n" + print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
 
 
