@@ -29,6 +29,15 @@ NE_NE_CUTOFF = 7.0
 AR_EPSILON_REAL = 0.2398
 AR_MASS, NE_MASS = 39.948, 20.1797
 
+#: lj/cut for types 1 = Ar, 2 = Ne: the explicit Ar-Ne pair with its own cutoff, and the
+#: Ne-Ne cutoff.
+ARGON_NEON_LJ_CUT = f"""
+pair_style lj/cut {CUTOFF}
+pair_coeff 1 1 {AR_EPSILON} {AR_SIGMA}
+pair_coeff 2 2 {NE_EPSILON} {NE_SIGMA} {NE_NE_CUTOFF}
+pair_coeff 1 2 {AR_NE_EPSILON} {AR_NE_SIGMA} {AR_NE_CUTOFF}
+"""
+
 NPROCS = [1, 2, 4]
 
 #: Atoms in the thermalized argon data file (8x8x8 fcc cells of 5.26 Angstrom).
