@@ -39,6 +39,9 @@ pair_coeff 1 2 {AR_NE_EPSILON} {AR_NE_SIGMA} {AR_NE_CUTOFF}
 """
 
 NPROCS = [1, 2, 4]
+#: ``processors`` per rank count for a system with vacuum in the upper half of its box along
+#: z (:func:`assert_ranks_own`): split along x on 2 ranks, along x and z on 4.
+SPLIT_XZ = {1: "", 2: "processors 2 1 1", 4: "processors 2 1 2"}
 
 #: Atoms in the thermalized argon data file (8x8x8 fcc cells of 5.26 Angstrom).
 ARGON_ATOMS = 2048

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _charged_mlip_lammps import PROCESSORS
 from _uma_models import ELEMENTS, copper_oxide_slab, fairchem_predict, predict_unit
 from lammps_helpers import (
     NPROCS,
     PER_ATOM,
     PER_ATOM_COLUMNS,
+    SPLIT_XZ,
     TOLERANCE,
     assert_all_close,
     assert_matches_reference,
@@ -60,7 +60,7 @@ CASES = [
     ("f32_omat", "float32", 0, {}),
 ]
 #: float32 through LAMMPS against fairchem's float32 predict unit: the same float32
-#: operations in another order (as in test_lammps_uma.py).
+#: operations in another order (as in test_lammps_charged_mlips.py).
 FLOAT32_TOLERANCE = 1e-5
 NVT_STEPS, NVT_EVERY = 60, 20
 #: Atom IDs deleted after the NVT run: one Cu, one O (the composition changes).
@@ -91,7 +91,7 @@ def models(tmp_path_factory):
 
 def script(data: Path, paths: dict[str, Path], nprocs: int) -> str:
     columns = ["x", "y", "z", *PER_ATOM_COLUMNS]
-    lines = [run0_header(data.name, PROCESSORS[nprocs])]
+    lines = [run0_header(data.name, SPLIT_XZ[nprocs])]
     for name, model, charge, options in CASES:
         keywords = "".join(f" {k} {v}" for k, v in options.items())
         lines.append(f"pair_style nvalchemi {paths[model]} charge {charge}{keywords}\n")
