@@ -14,6 +14,7 @@ import textwrap
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
 #: Multi-rank = single-process reference to this relative difference, in float64 (DESIGN.md).
 TOLERANCE = 1e-10
@@ -62,6 +63,58 @@ GLOBAL = {
 }
 
 MEASURED: list[tuple[str, str, float]] = []
+
+#: A ``BaseException`` raised inside a model (``raises``: ``exit`` or ``interrupt``; on
+#: ``failing_rank``, -1: every rank) and what LAMMPS must say, for both front doors.
+BASE_EXCEPTIONS = pytest.mark.parametrize(
+    ("raises", "failing_rank", "message"),
+    [
+        ("exit", -1, "SystemExit: 3"),
+        ("interrupt", -1, "KeyboardInterrupt"),
+        ("exit", 1, "SystemExit: 3"),
+    ],
+    ids=["exit-all-ranks", "interrupt-all-ranks", "exit-rank-1"],
+)
+
+
+def lennard_jones_models() -> dict:
+    """Every Lennard-Jones variant the tests compare with lj/cut, by name (``conftest.py``
+    saves them as the ``models`` fixture)."""
+    from nvalchemi_lammps import LennardJones
+
+    argon = {"elements": ["Ar"], "epsilon": {"Ar": AR_EPSILON}, "sigma": {"Ar": AR_SIGMA}}
+    # Element order Ne, Ar: the opposite of the LAMMPS types in the tests.
+    argon_neon = {
+        "elements": ["Ne", "Ar"],
+        "epsilon": {"Ne": NE_EPSILON, "Ar": AR_EPSILON},
+        "sigma": {"Ne": NE_SIGMA, "Ar": AR_SIGMA},
+    }
+    potentials = {
+        "argon": LennardJones(**argon, cutoff=CUTOFF),
+        "argon_shifted": LennardJones(**argon, cutoff=CUTOFF, shift=True),
+        "argon_real": LennardJones(
+            elements=["Ar"],
+            epsilon={"Ar": AR_EPSILON_REAL},
+            sigma={"Ar": AR_SIGMA},
+            cutoff=CUTOFF,
+            units="real",
+        ),
+        "argon_neon": LennardJones(
+            **argon_neon,
+            cutoff=CUTOFF,
+            pairs=[
+                {
+                    "elements": ["Ar", "Ne"],
+                    "epsilon": AR_NE_EPSILON,
+                    "sigma": AR_NE_SIGMA,
+                    "cutoff": AR_NE_CUTOFF,
+                },
+                {"elements": ["Ne", "Ne"], "cutoff": NE_NE_CUTOFF},
+            ],
+        ),
+        "argon_neon_arithmetic": LennardJones(**argon_neon, cutoff=CUTOFF, mixing="arithmetic"),
+    }
+    return potentials
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ from lammps_helpers import (
 from nvalchemi_lammps import save_model
 from nvalchemi_lammps.lammps_run import run_lammps, write_lammps_data
 from nvalchemi_lammps.reference import evaluate_reference
+from nvalchemi_lammps.tools.structures import element_masses
 
 pytestmark = pytest.mark.lammps
 
@@ -77,10 +78,9 @@ class Case:
 
 @dataclass(frozen=True)
 class ChargedModel:
-    """A model under test: its system and masses, how to build its variants, its cases."""
+    """A model under test: its system, how to build its variants, its cases."""
 
     system: Any  # System, built lazily
-    masses: list[float]
     potentials: Any  # () -> {variant: potential}
     cases: list[Case]
     #: float32 LAMMPS run vs the float32 reference: the same float32 operations summed in
@@ -117,51 +117,28 @@ def _uma_models() -> dict:
     return {"float64": double, "float32": in_float32(double), "balanced": balanced}
 
 
+AIMNET2_CASES = [
+    Case("f64_neutral", "float64", 0.0),
+    Case("f64_anion", "float64", -1.0),
+    Case("f32_anion", "float32", -1.0),
+]
+UMA_CASES = [
+    Case("f64_neutral", "float64", 0.0),
+    Case("f64_balanced_anion", "balanced", -1.0),
+    # the input script's spin and task instead of the model's own (omol, 2)
+    Case("f64_balanced_cation", "balanced", 1.0, {"spin": 3, "task": "omat"}),
+    Case("f32_anion", "float32", -1.0),
+]
 MODELS = {
+    # float32: measured 2e-9 (energy) to 7e-7 (forces, virial) (neighbor sums, index_add
+    # over pairs, the all-reduce); an error of the function shows up at 1e-4 (test_aimnet2.py)
     "aimnet2": ChargedModel(
-        _molecules_vacuum,
-        [1.008, 12.011, 14.007, 15.999],
-        _aimnet2_models,
-        [
-            Case("f64_neutral", "float64", 0.0),
-            Case("f64_anion", "float64", -1.0),
-            Case("f32_anion", "float32", -1.0),
-        ],
-        # measured 2e-9 (energy) to 7e-7 (forces, virial) (neighbor sums, index_add over
-        # pairs, the all-reduce); an error of the function shows up at 1e-4 (test_aimnet2.py)
-        float32_tolerance=1e-5,
-        charge_changes=("f64_neutral", "f64_anion"),
+        _molecules_vacuum, _aimnet2_models, AIMNET2_CASES, 1e-5, ("f64_neutral", "f64_anion")
     ),
-    "uma": ChargedModel(
-        copper_oxide_slab,
-        [1.008, 12.011, 15.999, 63.546],
-        _uma_models,
-        [
-            Case("f64_neutral", "float64", 0.0),
-            Case("f64_balanced_anion", "balanced", -1.0),
-            # the input script's spin and task instead of the model's own (omol, 2)
-            Case("f64_balanced_cation", "balanced", 1.0, {"spin": 3, "task": "omat"}),
-            Case("f32_anion", "float32", -1.0),
-        ],
-        # measured at most 3.6e-7 (forces; energy 1.6e-8) (edge messages scattered to atoms,
-        # the exchange); a change of the function moves the forces by 1e-1 (test_uma.py)
-        float32_tolerance=1e-5,
-    ),
+    # float32: measured at most 3.6e-7 (forces; energy 1.6e-8) (edge messages scattered to
+    # atoms, the exchange); a change of the function moves the forces by 1e-1 (test_uma.py)
+    "uma": ChargedModel(copper_oxide_slab, _uma_models, UMA_CASES, 1e-5),
 }
-
-#: Rank counts against one rank, float32: the same float32 operations on other ranks.
-FLOAT32_RANKS_TOLERANCE = 1e-6
-
-
-@dataclass(frozen=True)
-class Case:
-    """One ``run 0``: the model (``float64``, ``float32`` or another name of the models'
-    files), the net charge and pair style keywords (``spin``, ``task``)."""
-
-    name: str
-    model: str
-    charge: float
-    keywords: dict = field(default_factory=dict)
 
 
 def cases_script(data: Path, paths: dict[str, Path], nprocs: int, cases, elements) -> str:
@@ -242,7 +219,8 @@ def charged(request, tmp_path_factory):
     potentials = model.potentials()
     workdir = tmp_path_factory.mktemp(name)
     paths = {k: save_model(p, workdir / f"{name}_{k}.pt") for k, p in potentials.items()}
-    runs = run_cases(tmp_path_factory, system, model.masses, paths, model.cases)
+    masses = element_masses(list(system.elements), True)
+    runs = run_cases(tmp_path_factory, system, masses, paths, model.cases)
     return name, model, potentials, system, runs
 
 

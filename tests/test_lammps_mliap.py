@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from _systems import ar_ne_slab, fcc_argon_222, lennard_jones
 from lammps_helpers import (
+    BASE_EXCEPTIONS,
     NPROCS,
     assert_all_close,
     assert_matches_reference,
@@ -376,15 +377,7 @@ def test_atoms_on_the_same_spot_stop_mliap(mliap_lammps, argon_data, nprocs, tmp
 
 
 @pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])
-@pytest.mark.parametrize(
-    ("raises", "failing_rank", "message"),
-    [
-        ("exit", -1, "SystemExit: 3"),
-        ("interrupt", -1, "KeyboardInterrupt"),
-        ("exit", 1, "SystemExit: 3"),
-    ],
-    ids=["exit-all-ranks", "interrupt-all-ranks", "exit-rank-1"],
-)
+@BASE_EXCEPTIONS
 def test_base_exception_in_a_model_is_an_mliap_error(
     mliap_lammps, argon_data, raises, failing_rank, message, nprocs, tmp_path
 ):
