@@ -621,3 +621,10 @@ def local_graph(nlocal: int, species: np.ndarray, pairs, *comm, rij=None, **inpu
         *comm,
         **inputs,
     )
+
+
+def in_float32(double: torch.nn.Module) -> torch.nn.Module:
+    """The same model with the same weights, in float32."""
+    single = type(double).from_config({**double.config(), "dtype": "float32"})
+    single.load_state_dict(double.state_dict())
+    return single

@@ -23,17 +23,16 @@ import pytest
 import torch
 from _aimnet2_models import ELEMENTS, aimnet_forward, molecular_box, random_aimnet2
 from _systems import (
-    BAD_TOTAL_CHARGES,
     RankGraph,
     System,
     ThreadWorld,
-    assert_null_atom_left_out,
     assert_same_results,
     assert_same_weights,
     decompose,
     decompose_shell,
     exported,
     gather_evaluations,
+    in_float32,
     local_graph,
     relative,
 )
@@ -61,9 +60,7 @@ def potential() -> AIMNet2:
 @pytest.fixture(scope="module")
 def potential32(potential) -> AIMNet2:
     """The same weights in float32 (the model's own precision)."""
-    single = AIMNet2.from_config({**potential.config(), "dtype": "float32"})
-    single.load_state_dict(potential.state_dict())
-    return single
+    return in_float32(potential)
 
 
 def _reference(potential: AIMNet2, system: System, charge: float = 0.0):
@@ -270,18 +267,7 @@ def test_export_from_toml(tmp_path, capsys):
     assert_same_weights(loaded, same)
 
 
-def test_null_atoms_are_left_out(potential):
-    """An atom of a NULL type takes part in nothing, charge equilibration included."""
-    assert_null_atom_left_out(potential, SYSTEM)
-
-
 # --- errors -----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("charge", "message"), BAD_TOTAL_CHARGES)
-def test_bad_total_charge(potential, charge, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
-        _reference(potential, SYSTEM, charge)
 
 
 def test_element_not_in_aimnet():

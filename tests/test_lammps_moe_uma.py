@@ -60,7 +60,7 @@ CASES = [
     ("f32_omat", "float32", 0, {}),
 ]
 #: float32 through LAMMPS against fairchem's float32 predict unit: the same float32
-#: operations in another order (as in test_lammps_charged_mlips.py).
+#: operations in another order (as in test_charged_mlips.py).
 FLOAT32_TOLERANCE = 1e-5
 NVT_STEPS, NVT_EVERY = 60, 20
 #: Atom IDs deleted after the NVT run: one Cu, one O (the composition changes).

@@ -21,17 +21,16 @@ import numpy as np
 import pytest
 import torch
 from _systems import (
-    BAD_TOTAL_CHARGES,
     RankGraph,
     System,
     ThreadWorld,
-    assert_null_atom_left_out,
     assert_same_results,
     assert_same_weights,
     decompose,
     decompose_shell,
     exported,
     gather_evaluations,
+    in_float32,
     relative,
 )
 from _uma_models import (
@@ -72,9 +71,7 @@ def balanced() -> Uma:
 @pytest.fixture(scope="module")
 def potential32(potential) -> Uma:
     """The same weights in float32 (the model's own precision)."""
-    single = Uma.from_config({**potential.config(), "dtype": "float32"})
-    single.load_state_dict(potential.state_dict())
-    return single
+    return in_float32(potential)
 
 
 def _reference(potential: Uma, system: System, charge: float = 0.0):
@@ -260,18 +257,7 @@ def test_export_from_toml(tmp_path, capsys):
     assert_same_weights(loaded, same)
 
 
-def test_null_atoms_are_left_out(balanced):
-    """An atom of a NULL type takes part in nothing, channel balancing included."""
-    assert_null_atom_left_out(balanced, SYSTEM)
-
-
 # --- errors -----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("charge", "message"), BAD_TOTAL_CHARGES)
-def test_bad_total_charge(potential, charge, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
-        _reference(potential, SYSTEM, charge)
 
 
 @pytest.mark.parametrize(

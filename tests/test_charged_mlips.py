@@ -1,6 +1,7 @@
-"""Machine-learned potentials that take the net charge (and spin and task) through
+"""Machine-learned potentials that take the net charge (and spin and task), with the model
+as a parameter: NULL atoms and net charges the model refuses (without LAMMPS), then through
 ``pair_style nvalchemi`` on 1, 2 and 4 ranks, against the same model on the whole periodic
-system without LAMMPS (``reference.py``), with the model as a parameter: ``aimnet2``
+system without LAMMPS (``reference.py``): ``aimnet2``
 (``test_aimnet2.py`` checks the reference against aimnet's own forward) and ``uma``
 (``test_uma.py``: against fairchem's). The UMA cases are marked ``uma``: fairchem-core runs
 in an environment of its own (``.venv-uma``, see the Makefile, which runs this module in both).
@@ -32,6 +33,7 @@ per-atom output for them).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,8 +41,8 @@ from typing import Any
 import numpy as np
 import pytest
 from _aimnet2_models import molecular_box, random_aimnet2
-from _systems import System
-from _uma_models import BALANCED_BACKBONE, copper_oxide_slab, random_uma
+from _systems import BAD_TOTAL_CHARGES, System, assert_null_atom_left_out, in_float32
+from _uma_models import BALANCED_BACKBONE, copper_oxide_box, copper_oxide_slab, random_uma
 from lammps_helpers import (
     NPROCS,
     SPLIT_XZ,
@@ -58,8 +60,6 @@ from nvalchemi_lammps import save_model
 from nvalchemi_lammps.lammps_run import run_lammps, write_lammps_data
 from nvalchemi_lammps.reference import evaluate_reference
 from nvalchemi_lammps.tools.structures import element_masses
-
-pytestmark = pytest.mark.lammps
 
 #: Rank counts against one rank, float32: the same float32 operations on other ranks.
 FLOAT32_RANKS_TOLERANCE = 1e-6
@@ -97,13 +97,6 @@ def _molecules_vacuum() -> System:
     cell = base.cell.copy()
     cell[2, 2] *= 2.0
     return System("molecules_vacuum", base.positions, cell, base.pbc, base.species, base.elements)
-
-
-def in_float32(double):
-    """The same model with the same weights, in float32."""
-    single = type(double).from_config({**double.config(), "dtype": "float32"})
-    single.load_state_dict(double.state_dict())
-    return single
 
 
 def _aimnet2_models() -> dict:
@@ -207,10 +200,47 @@ def assert_ranks_equal_one_rank(model: str, runs, nprocs: int, case: str) -> Non
     )
 
 
-@pytest.fixture(
-    scope="module",
-    params=[pytest.param("aimnet2"), pytest.param("uma", marks=pytest.mark.uma)],
-)
+def _unit_models(name: str) -> tuple[dict, System]:
+    """The unit tests' models (``plain``, and ``coupled``: one whose atoms are coupled
+    through the total charge) and system."""
+    if name == "aimnet2":
+        potential = random_aimnet2(seed=0)  # charge equilibration couples every atom
+        return {"plain": potential, "coupled": potential}, molecular_box()
+    # charge and spin channel balancing: a sum over the whole system per block
+    balanced = random_uma(seed=1, backbone=BALANCED_BACKBONE, task="omol", spin=3)
+    return {"plain": random_uma(seed=0), "coupled": balanced}, copper_oxide_box()
+
+
+MODEL_NAMES = [pytest.param("aimnet2"), pytest.param("uma", marks=pytest.mark.uma)]
+
+
+@pytest.fixture(scope="module", params=MODEL_NAMES)
+def unit_model(request):
+    return _unit_models(request.param)
+
+
+def test_null_atoms_are_left_out(unit_model):
+    """An atom of a NULL type takes part in nothing, the coupling through the total charge
+    included (AIMNet2's charge equilibration, UMA's channel balancing)."""
+    potentials, system = unit_model
+    assert_null_atom_left_out(potentials["coupled"], system)
+
+
+@pytest.mark.parametrize(("charge", "message"), BAD_TOTAL_CHARGES)
+def test_bad_total_charge(unit_model, charge, message):
+    potentials, system = unit_model
+    with pytest.raises(ValueError, match=re.escape(message)):
+        evaluate_reference(
+            potentials["plain"],
+            system.positions,
+            system.cell,
+            system.pbc,
+            system.species,
+            total_charge=charge,
+        )
+
+
+@pytest.fixture(scope="module", params=MODEL_NAMES)
 def charged(request, tmp_path_factory):
     """One model's name, its definition, potentials, system and runs (:func:`run_cases`)."""
     name = request.param
@@ -224,6 +254,7 @@ def charged(request, tmp_path_factory):
     return name, model, potentials, system, runs
 
 
+@pytest.mark.lammps
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
 def test_charged_model_equals_reference(charged, nprocs):
     name, model, potentials, system, runs = charged
@@ -236,6 +267,7 @@ def test_charged_model_equals_reference(charged, nprocs):
     )
 
 
+@pytest.mark.lammps
 @pytest.mark.parametrize("nprocs", NPROCS[1:], ids=[f"np{n}" for n in NPROCS[1:]])
 def test_charged_model_float32_ranks_equal_one_rank(charged, nprocs):
     name, _, _, _, runs = charged
