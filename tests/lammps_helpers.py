@@ -173,16 +173,19 @@ def dump_commands(name: str, filename: str, columns: list[str]) -> str:
 PER_ATOM_COLUMNS = [c for cs in PER_ATOM.values() for c in cs]
 
 
+def setup_commands(data, processors: str = "") -> str:
+    """Metal units, ``atom_style atomic`` with an atom map, the ``processors`` grid and the
+    data file: how every script here starts."""
+    return (
+        f"units metal\natom_style atomic\natom_modify map array\n{processors}\nread_data {data}\n"
+    )
+
+
 def run0_header(data: str, processors: str = "") -> str:
     """The start of a script of ``run 0`` evaluations (metal units, ``atom_style atomic``):
     the data file, the per-atom energy and stress computes, thermo with the pressure."""
-    return textwrap.dedent(
+    return setup_commands(data, processors) + textwrap.dedent(
         f"""\
-        units metal
-        atom_style atomic
-        atom_modify map array
-        {processors}
-        read_data {data}
         compute pe all pe/atom
         compute stress all stress/atom NULL virial
         thermo_style custom step pe {" ".join(PRESSURE)}

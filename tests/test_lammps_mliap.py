@@ -30,6 +30,7 @@ from lammps_helpers import (
     comparison_script,
     dump_commands,
     print_results,
+    setup_commands,
 )
 
 from nvalchemi_lammps import MessagePassing, save_model
@@ -181,12 +182,8 @@ def test_md_on_two_ranks_equals_one_rank(mliap_lammps, lj_model, argon_data, tmp
     final = {}
     for nprocs in (1, 2):
         workdir = tmp_path / f"np{nprocs}"
-        script = textwrap.dedent(
+        script = setup_commands(argon_data) + textwrap.dedent(
             f"""\
-            units metal
-            atom_style atomic
-            atom_modify map array
-            read_data {argon_data}
             pair_style mliap unified {path} 0
             pair_coeff * * Ar
             neighbor 1.0 bin
