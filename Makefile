@@ -35,7 +35,8 @@ UMA_DEPS_STAMP    := $(UMA_VENV)/.deps-installed
 UMA_PACKAGE_STAMP := $(UMA_VENV)/.package-installed
 # fairchem-core requires torch~=2.13: the constraint keeps pip on the CPU build installed first
 UMA_CONSTRAINTS   := $(UMA_VENV)/constraints.txt
-UMA_TESTS := $(wildcard tests/test_*uma.py)
+# the UMA modules, and the UMA cases of modules that take several models
+UMA_TESTS := $(wildcard tests/test_*uma.py) tests/test_charged_mlips.py
 
 MLIAP_LAMMPS := .lammps-mliap
 MLIAP_STAMP  := $(MLIAP_LAMMPS)/.built

@@ -7,9 +7,12 @@ shell`` (ghost shell of layers x cutoff, pairs between ghosts, no exchange). Rep
 run: ms per step (LAMMPS's loop time; median over ``--repeats``), the time inside the engine
 (the potential's forward and backward, CUDA-synchronized; slowest rank) and, for the
 exchange, the time inside forward/reverse exchanges (slowest rank) as a share of the step.
+On a GPU also the peak memory over the timed steps (largest rank) against the bare model's
+on the whole crystal in one process (its inputs plus what the engine's evaluate allocates).
 
 LAMMPS is driven from Python on every rank (``mpirun -np N python this.py --worker``), so
-the worker can time the exchanges in the same interpreter the plugin embeds.
+the worker reads the plugin session's public timing hook (``PluginSession.timings``) in the
+interpreter the plugin embeds.
 
     python benchmarks/bench_strategies.py --model mace --atoms 1000 8000 32000 --ranks 1 2 4
 """
@@ -35,7 +38,9 @@ FCC = np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.
 LATTICE = {"mace": 4.3, "mpnn": 4.3}
 
 
-def crystal(atoms: int, lattice: float, path: Path) -> tuple[Path, int]:
+def crystal(atoms: int, lattice: float, path: Path) -> tuple[Path, dict]:
+    """A jiggled fcc crystal of Ar and Kr written to ``path``; returns the file and the
+    crystal (``positions``, ``cell``, ``types`` from 1)."""
     cells = max(1, round((atoms / 4) ** (1 / 3)))
     rng = np.random.default_rng(cells)
     grid = np.stack(np.meshgrid(*[np.arange(cells)] * 3, indexing="ij"), -1).reshape(-1, 3)
@@ -43,7 +48,8 @@ def crystal(atoms: int, lattice: float, path: Path) -> tuple[Path, int]:
     cell = np.eye(3) * cells * lattice
     positions = frac @ cell + rng.normal(0.0, 0.08, size=frac.shape)
     types = rng.integers(1, 3, size=len(frac))
-    return write_lammps_data(path, positions, cell, types, [39.948, 83.798]), len(frac)
+    crystal = {"positions": positions, "cell": cell, "types": types}
+    return write_lammps_data(path, positions, cell, types, [39.948, 83.798]), crystal
 
 
 def make_model(kind: str, dtype: str, path: Path) -> Path:
@@ -74,68 +80,40 @@ def lammps_sections(log: str, steps: int) -> dict[str, float]:
     return sections
 
 
+def bare_model_bytes(model_file: Path, data: dict, device: str) -> int:
+    """Peak CUDA bytes of the bare model on the whole periodic crystal in one process: its
+    inputs plus what the engine's evaluate allocates at its peak (no LAMMPS, no plugin)."""
+    import torch
+
+    from nvalchemi_lammps import LocalGraph, evaluate, load_model
+    from nvalchemi_lammps.reference import neighbor_pairs
+
+    potential = load_model(model_file).to(device)
+    positions, cell = data["positions"], data["cell"]
+    pairs = neighbor_pairs(positions, cell, (True, True, True), potential.spec.cutoff)
+    inputs = [
+        torch.as_tensor(data["types"] - 1, device=device),
+        torch.from_numpy(pairs.pair_i).to(device),
+        torch.from_numpy(pairs.pair_j).to(device),
+        torch.from_numpy(pairs.rij).to(device),
+    ]
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    evaluate(potential, LocalGraph(len(positions), *inputs))
+    torch.cuda.synchronize()
+    return sum(t.nbytes for t in inputs) + torch.cuda.max_memory_allocated() - before
+
+
 def worker(args: argparse.Namespace) -> None:
-    """One MPI rank: run LAMMPS in-process, time the exchanges, write rank<N>.json."""
+    """One MPI rank: run LAMMPS in-process, time the run through the plugin session's public
+    timing hook (``PluginSession.timings``), write rank<N>.json."""
     import lammps
     import torch
 
-    from nvalchemi_lammps.frontends import _lammps_comm, plugin
+    from nvalchemi_lammps.frontends.plugin import opened_sessions
 
-    spent = [0.0]  # inside exchanges
-    modelled = [0.0]  # inside the engine: the potential's forward and backward
-    setup = [False]  # the next evaluate is the setup's force call of a run
-    memory = {"model_extra": 0, "inputs": 0}  # bytes, see below
-    comm_class, evaluate = _lammps_comm.LammpsComm, plugin.evaluate
-    forward, reverse = comm_class._forward, comm_class._reverse
     cuda = args.device.startswith("cuda")
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
-    def timed(operation):
-        def wrapper(self, src):
-            sync()
-            start = time.perf_counter()
-            try:
-                return operation(self, src)
-            finally:
-                sync()
-                spent[0] += time.perf_counter() - start
-
-        return wrapper
-
-    def timed_evaluate(potential, graph):
-        sync()
-        if cuda:
-            # the bare model's memory on this graph: its inputs plus what it adds at peak
-            before = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            inputs = (graph.species, graph.pair_i, graph.pair_j, graph.rij, graph.positions)
-            memory["inputs"] = sum(t.nbytes for t in inputs if t is not None)
-        start = time.perf_counter()
-        try:
-            return evaluate(potential, graph)
-        finally:
-            sync()
-            if setup[0]:  # the force call of the run's setup: not a step of its loop
-                setup[0] = False
-                spent[0] = 0.0
-            else:
-                modelled[0] += time.perf_counter() - start
-            if cuda:
-                memory["model_extra"] = torch.cuda.max_memory_allocated() - before
-
-    sessions = []
-    open_session = plugin.open_session
-
-    def recorded_session(*a, **k):
-        sessions.append(open_session(*a, **k))
-        return sessions[-1]
-
-    comm_class._forward, comm_class._reverse = timed(forward), timed(reverse)
-    plugin.evaluate = timed_evaluate
-    plugin.open_session = recorded_session
     log = args.data.parent / "log.lammps"
     lmp = lammps.lammps(cmdargs=["-log", str(log), "-screen", "none", "-nocite"])
     lmp.commands_string(f"""
@@ -150,34 +128,46 @@ def worker(args: argparse.Namespace) -> None:
         timestep 0.001
         run {args.warmup}
     """)
-    spent[0] = modelled[0] = 0.0
-    setup[0] = True
-    compiled_before = sessions[-1].compile_status()[0]
+    session = opened_sessions()[-1]  # the pair style's
+
+    def timed(command: str) -> dict[str, float]:
+        """Seconds per phase of the plugin's steps during ``command`` (the session's
+        timings: ``model`` is the potential's forward and backward, ``collectives`` the
+        ghost exchanges and sums over ranks inside it, each CUDA-synchronized)."""
+        session.timings = {}
+        lmp.command(command)
+        timings, session.timings = session.timings, None
+        return timings
+
+    # a run's setup makes one force call before its loop: timed alone by a run of 0 steps,
+    # and taken off the timed run's totals, so that these count the loop's steps only
+    setup = timed("run 0")
+    compiled_before = session.compile_status()[0]
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    lmp.command(f"run {args.steps}")
+    phases = timed(f"run {args.steps}")
     elapsed = time.perf_counter() - start
-    status = sessions[-1].compile_status()
+    status = session.compile_status()
     # the loop alone (LAMMPS's "Loop time"), without the run's setup: its neighbor-list
     # build, topology upload and force call
     loop = float(_LOOP.findall(log.read_text())[-1])
-    result = {"seconds": loop, "run_seconds": elapsed, "exchange": spent[0]}
+    result = {"seconds": loop, "run_seconds": elapsed}
+    result["exchange"] = phases.get("collectives", 0.0) - setup.get("collectives", 0.0)
     result["temperature"] = lmp.get_thermo("temp")  # at the end: did the crystal hold?
-    result["model"] = modelled[0]
+    result["model"] = phases.get("model", 0.0) - setup.get("model", 0.0)
     if status[0] >= 0:  # graphs compiled during the timed run; capacities padded to
         result["compiled"] = [status[0] - compiled_before, *status]
     if cuda:
-        result["peak_bytes"] = torch.cuda.max_memory_allocated()  # of the last step
-        result["model_bytes"] = memory["inputs"] + memory["model_extra"]
+        result["peak_bytes"] = torch.cuda.max_memory_allocated()  # over the timed run
         result["gpu_bytes"] = torch.cuda.get_device_properties(
             torch.cuda.current_device()
         ).total_memory
     if args.profile:
         # where a step goes, in a second run: LAMMPS's sections and the pair style's phases
         # (each CUDA-synchronized, so this run is a little slower than the one above)
-        sessions[-1].timings = {}
-        setup[0] = True
-        lmp.command(f"run {args.steps}")
-        result["phases"] = {k: v / args.steps for k, v in sessions[-1].timings.items()}
+        phases = timed(f"run {args.steps}")
+        result["phases"] = {k: v / args.steps for k, v in phases.items()}
         result["sections"] = lammps_sections(log.read_text(), args.steps)
     me = lmp.extract_setting("world_rank")
     # one file per rank: ranks writing to one stdout interleave their lines
@@ -222,9 +212,14 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         model_file = make_model(args.model, args.dtype, tmp / "model.pt")
         for atoms in args.atoms:
-            data, natoms = crystal(atoms, LATTICE[args.model], tmp / f"c{atoms}.data")
+            data, system = crystal(atoms, LATTICE[args.model], tmp / f"c{atoms}.data")
+            natoms = len(system["positions"])
+            cuda = args.device.startswith("cuda")
+            bare = bare_model_bytes(model_file, system, args.device) if cuda else None
             for ranks in args.ranks:
                 row = {"model": args.model, "atoms": natoms, "ranks": ranks}
+                if bare is not None:
+                    row["bare_model_bytes"] = bare
                 cases = [(s, c) for s in args.strategies for c in args.compile]
                 for strategy_name, compile_mode in cases:
                     strategy = (
@@ -283,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                     if "compiled" in rank0:
                         # [during the timed run, in all, atom capacity, pair capacity]
                         row[f"{strategy}_compiled"] = [r["compiled"] for r in ranks_out]
-                    for key in ("peak_bytes", "model_bytes", "gpu_bytes"):
+                    for key in ("peak_bytes", "gpu_bytes"):
                         if key in rank0:
                             row[f"{strategy}_{key}"] = max(r[key] for r in ranks_out)
                     row[f"{strategy}_ms"] = statistics.median(steps)
@@ -321,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                     if f"{strategy}_peak_bytes" in row:
                         print(
                             f"  GPU memory: step peak {row[f'{strategy}_peak_bytes'] / 2**30:.2f}"
-                            f" GiB, bare model {row[f'{strategy}_model_bytes'] / 2**30:.2f} GiB"
+                            f" GiB, bare model {row['bare_model_bytes'] / 2**30:.2f} GiB"
                             f" of {row[f'{strategy}_gpu_bytes'] / 2**30:.1f} GiB",
                             flush=True,
                         )

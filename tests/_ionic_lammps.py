@@ -133,3 +133,11 @@ def read_outputs(workdir: Path, output: str) -> dict[str, np.ndarray]:
 
 def slab_setup(nprocs: int) -> str:
     return f"boundary p p f\n{SLAB_PROCESSORS[nprocs]}"
+
+
+def ionic_data(folder: Path, geometry: str) -> Path:
+    """The molten salt (``periodic``) or the rock-salt slab (``slab``) as a data file with
+    charges in ``folder``."""
+    positions, cell, types, charges = molten_salt() if geometry == "periodic" else slab_rock_salt()
+    path = folder / f"{geometry}.data"
+    return write_lammps_data(path, positions, cell, types, MASSES, charges=charges)

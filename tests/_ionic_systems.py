@@ -93,3 +93,17 @@ def allreduce_sizes(potential, nlocal: int) -> tuple[list[tuple[int, ...]], obje
         charges=torch.from_numpy(charges[:nlocal]),
     )
     return comm.sizes, evaluate(potential, graph)
+
+
+def on_rock_salt(potential_class, options: dict, graph_change: dict):
+    """``potential_class(["Na", "Cl"], cutoff=5.0, **options)`` on one rock-salt cell, its
+    inputs changed by ``graph_change`` (``pbc``, ``charges``, or ``shift``: added to every
+    charge): where a test expects the constructor's or the evaluation's error."""
+    from nvalchemi_lammps.reference import evaluate_reference
+
+    positions, cell, species, charges = rock_salt(1)
+    change = dict(graph_change)
+    charges = charges + change.pop("shift", 0.0)
+    potential = potential_class(["Na", "Cl"], cutoff=5.0, **options)
+    inputs = {"pbc": PBC, "charges": charges} | change
+    return evaluate_reference(potential, positions, cell, inputs["pbc"], species, inputs["charges"])

@@ -524,3 +524,107 @@ def host_step(nlocal, species, pair_i, pair_j, rij, collectives) -> HostStep:
         collectives=collectives,
     )
     return out
+
+
+#: Multi-rank = single-process reference to this relative difference, in float64.
+UNIT_TOLERANCE = 1e-10
+
+
+def relative(got, ref) -> float:
+    """``max|got - ref| / max|ref|`` over every component."""
+    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    return float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+
+
+def assert_same_results(got, ref, tol: float = UNIT_TOLERANCE) -> None:
+    """Energy, per-atom energies, forces, virial and per-atom virials of two results
+    (:class:`Gathered` or ``reference.ReferenceResult``) within ``tol`` relative each."""
+    diffs = {
+        "energy": relative([got.energy], [ref.energy]),
+        "atom_energies": relative(got.atom_energies, ref.atom_energies),
+        "forces": relative(got.forces, ref.forces),
+        "virial": relative(got.virial, ref.virial),
+        "atom_virials": relative(got.atom_virials, ref.atom_virials),
+    }
+    assert all(d <= tol for d in diffs.values()), diffs
+
+
+def gather_evaluations(system: System, graphs: list[RankGraph], results) -> Gathered:
+    """:func:`gather` of each rank's ``engine.Evaluation``."""
+    return gather(
+        system,
+        graphs,
+        [r.atom_energies.numpy() for r in results],
+        [r.pair_forces.numpy() for r in results],
+    )
+
+
+def assert_null_atom_left_out(potential, system: System, total_charge: float = 1.0) -> None:
+    """An atom of a NULL type (species -1, here the fifth) takes part in nothing: zero
+    energy and force, and the others as without it."""
+    from nvalchemi_lammps.reference import evaluate_reference
+
+    species = system.species.copy()
+    species[4] = -1
+    with_null = evaluate_reference(
+        potential, system.positions, system.cell, system.pbc, species, total_charge=total_charge
+    )
+    keep = np.arange(system.natoms) != 4
+    without = evaluate_reference(
+        potential,
+        system.positions[keep],
+        system.cell,
+        system.pbc,
+        species[keep],
+        total_charge=total_charge,
+    )
+    assert with_null.atom_energies[4] == 0.0 and not with_null.forces[4].any()
+    assert relative(with_null.forces[keep], without.forces) <= UNIT_TOLERANCE
+    assert relative([with_null.energy], [without.energy]) <= UNIT_TOLERANCE
+
+
+#: A net charge a model that takes one refuses, and the message (the engine's check).
+BAD_TOTAL_CHARGES = [
+    (0.5, "total charge must be an integer number of e, got 0.5"),
+    (1e3, "total charge must be finite and at most 100 e, got 1000.0"),
+    (float("nan"), "total charge must be finite and at most 100 e, got nan"),
+]
+
+
+def assert_same_weights(loaded: torch.nn.Module, expected: torch.nn.Module) -> None:
+    """Every tensor of ``expected``'s state is ``loaded``'s, bit for bit."""
+    state = loaded.state_dict()
+    for key, value in expected.state_dict().items():
+        assert torch.equal(state[key], value), key
+
+
+def exported(config: str, tmp_path, name: str):
+    """The model ``nvalchemi-lammps export`` writes from the TOML text ``config``, loaded."""
+    from nvalchemi_lammps import load_model
+    from nvalchemi_lammps.cli import main
+
+    toml, out = tmp_path / f"{name}.toml", tmp_path / f"{name}.pt"
+    toml.write_text(config)
+    assert main(["export", str(toml), "-o", str(out)]) == 0
+    return load_model(out)
+
+
+def local_graph(nlocal: int, species: np.ndarray, pairs, *comm, rij=None, **inputs) -> LocalGraph:
+    """A :class:`LocalGraph` over numpy arrays: ``pairs`` holds ``pair_i``, ``pair_j`` and
+    ``rij`` (a :class:`RankGraph`, a ``reference.PairList``); ``rij`` replaces its rij."""
+    return LocalGraph(
+        nlocal,
+        torch.from_numpy(species),
+        torch.from_numpy(pairs.pair_i),
+        torch.from_numpy(pairs.pair_j),
+        torch.from_numpy(pairs.rij) if rij is None else rij,
+        *comm,
+        **inputs,
+    )
+
+
+def in_float32(double: torch.nn.Module) -> torch.nn.Module:
+    """The same model with the same weights, in float32."""
+    single = type(double).from_config({**double.config(), "dtype": "float32"})
+    single.load_state_dict(double.state_dict())
+    return single

@@ -7,17 +7,11 @@ from pathlib import Path
 import pytest
 from lammps_helpers import (
     AR_EPSILON,
-    AR_EPSILON_REAL,
     AR_MASS,
-    AR_NE_CUTOFF,
-    AR_NE_EPSILON,
-    AR_NE_SIGMA,
     AR_SIGMA,
     CUTOFF,
     MEASURED,
-    NE_EPSILON,
-    NE_NE_CUTOFF,
-    NE_SIGMA,
+    lennard_jones_models,
 )
 
 from nvalchemi_lammps.lammps_run import run_lammps
@@ -56,43 +50,12 @@ def argon_data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> dict[str, Path]:
     """Model files of every Lennard-Jones variant the tests compare with lj/cut."""
-    from nvalchemi_lammps import LennardJones, save_model
+    from nvalchemi_lammps import save_model
     from nvalchemi_lammps._plugin import plugin_path
 
     plugin_path()  # fail here, clearly, if the package was installed without the plugin
     workdir = tmp_path_factory.mktemp("models")
-    argon = {"elements": ["Ar"], "epsilon": {"Ar": AR_EPSILON}, "sigma": {"Ar": AR_SIGMA}}
-    # Element order Ne, Ar: the opposite of the LAMMPS types in the tests.
-    argon_neon = {
-        "elements": ["Ne", "Ar"],
-        "epsilon": {"Ne": NE_EPSILON, "Ar": AR_EPSILON},
-        "sigma": {"Ne": NE_SIGMA, "Ar": AR_SIGMA},
-    }
-    potentials = {
-        "argon": LennardJones(**argon, cutoff=CUTOFF),
-        "argon_shifted": LennardJones(**argon, cutoff=CUTOFF, shift=True),
-        "argon_real": LennardJones(
-            elements=["Ar"],
-            epsilon={"Ar": AR_EPSILON_REAL},
-            sigma={"Ar": AR_SIGMA},
-            cutoff=CUTOFF,
-            units="real",
-        ),
-        "argon_neon": LennardJones(
-            **argon_neon,
-            cutoff=CUTOFF,
-            pairs=[
-                {
-                    "elements": ["Ar", "Ne"],
-                    "epsilon": AR_NE_EPSILON,
-                    "sigma": AR_NE_SIGMA,
-                    "cutoff": AR_NE_CUTOFF,
-                },
-                {"elements": ["Ne", "Ne"], "cutoff": NE_NE_CUTOFF},
-            ],
-        ),
-        "argon_neon_arithmetic": LennardJones(**argon_neon, cutoff=CUTOFF, mixing="arithmetic"),
-    }
+    potentials = lennard_jones_models()
     return {name: save_model(p, workdir / f"{name}.pt") for name, p in potentials.items()}
 
 

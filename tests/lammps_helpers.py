@@ -14,6 +14,7 @@ import textwrap
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
 #: Multi-rank = single-process reference to this relative difference, in float64 (DESIGN.md).
 TOLERANCE = 1e-10
@@ -29,7 +30,19 @@ NE_NE_CUTOFF = 7.0
 AR_EPSILON_REAL = 0.2398
 AR_MASS, NE_MASS = 39.948, 20.1797
 
+#: lj/cut for types 1 = Ar, 2 = Ne: the explicit Ar-Ne pair with its own cutoff, and the
+#: Ne-Ne cutoff.
+ARGON_NEON_LJ_CUT = f"""
+pair_style lj/cut {CUTOFF}
+pair_coeff 1 1 {AR_EPSILON} {AR_SIGMA}
+pair_coeff 2 2 {NE_EPSILON} {NE_SIGMA} {NE_NE_CUTOFF}
+pair_coeff 1 2 {AR_NE_EPSILON} {AR_NE_SIGMA} {AR_NE_CUTOFF}
+"""
+
 NPROCS = [1, 2, 4]
+#: ``processors`` per rank count for a system with vacuum in the upper half of its box along
+#: z (:func:`assert_ranks_own`): split along x on 2 ranks, along x and z on 4.
+SPLIT_XZ = {1: "", 2: "processors 2 1 1", 4: "processors 2 1 2"}
 
 #: Atoms in the thermalized argon data file (8x8x8 fcc cells of 5.26 Angstrom).
 ARGON_ATOMS = 2048
@@ -50,6 +63,58 @@ GLOBAL = {
 }
 
 MEASURED: list[tuple[str, str, float]] = []
+
+#: A ``BaseException`` raised inside a model (``raises``: ``exit`` or ``interrupt``; on
+#: ``failing_rank``, -1: every rank) and what LAMMPS must say, for both front doors.
+BASE_EXCEPTIONS = pytest.mark.parametrize(
+    ("raises", "failing_rank", "message"),
+    [
+        ("exit", -1, "SystemExit: 3"),
+        ("interrupt", -1, "KeyboardInterrupt"),
+        ("exit", 1, "SystemExit: 3"),
+    ],
+    ids=["exit-all-ranks", "interrupt-all-ranks", "exit-rank-1"],
+)
+
+
+def lennard_jones_models() -> dict:
+    """Every Lennard-Jones variant the tests compare with lj/cut, by name (``conftest.py``
+    saves them as the ``models`` fixture)."""
+    from nvalchemi_lammps import LennardJones
+
+    argon = {"elements": ["Ar"], "epsilon": {"Ar": AR_EPSILON}, "sigma": {"Ar": AR_SIGMA}}
+    # Element order Ne, Ar: the opposite of the LAMMPS types in the tests.
+    argon_neon = {
+        "elements": ["Ne", "Ar"],
+        "epsilon": {"Ne": NE_EPSILON, "Ar": AR_EPSILON},
+        "sigma": {"Ne": NE_SIGMA, "Ar": AR_SIGMA},
+    }
+    potentials = {
+        "argon": LennardJones(**argon, cutoff=CUTOFF),
+        "argon_shifted": LennardJones(**argon, cutoff=CUTOFF, shift=True),
+        "argon_real": LennardJones(
+            elements=["Ar"],
+            epsilon={"Ar": AR_EPSILON_REAL},
+            sigma={"Ar": AR_SIGMA},
+            cutoff=CUTOFF,
+            units="real",
+        ),
+        "argon_neon": LennardJones(
+            **argon_neon,
+            cutoff=CUTOFF,
+            pairs=[
+                {
+                    "elements": ["Ar", "Ne"],
+                    "epsilon": AR_NE_EPSILON,
+                    "sigma": AR_NE_SIGMA,
+                    "cutoff": AR_NE_CUTOFF,
+                },
+                {"elements": ["Ne", "Ne"], "cutoff": NE_NE_CUTOFF},
+            ],
+        ),
+        "argon_neon_arithmetic": LennardJones(**argon_neon, cutoff=CUTOFF, mixing="arithmetic"),
+    }
+    return potentials
 
 
 @dataclass(frozen=True)
@@ -104,25 +169,65 @@ def dump_commands(name: str, filename: str, columns: list[str]) -> str:
     )
 
 
-def comparison_script(data: str, pair_style: str, elements: str, processors: str = "") -> str:
-    """A ``run 0`` (metal units, ``atom_style atomic``) that writes what
-    :func:`assert_matches_reference` reads: the per-atom dump ``atoms.dump`` and the printed
-    energy and pressure."""
-    script = textwrap.dedent(
+#: Every per-atom column of a comparison run, in dump order.
+PER_ATOM_COLUMNS = [c for cs in PER_ATOM.values() for c in cs]
+
+
+def setup_commands(data, processors: str = "") -> str:
+    """Metal units, ``atom_style atomic`` with an atom map, the ``processors`` grid and the
+    data file: how every script here starts."""
+    return (
+        f"units metal\natom_style atomic\natom_modify map array\n{processors}\nread_data {data}\n"
+    )
+
+
+def run0_header(data: str, processors: str = "") -> str:
+    """The start of a script of ``run 0`` evaluations (metal units, ``atom_style atomic``):
+    the data file, the per-atom energy and stress computes, thermo with the pressure."""
+    return setup_commands(data, processors) + textwrap.dedent(
         f"""\
-        units metal
-        atom_style atomic
-        atom_modify map array
-        {processors}
-        read_data {data}
-        pair_style {pair_style}
-        pair_coeff * * {elements}
         compute pe all pe/atom
         compute stress all stress/atom NULL virial
         thermo_style custom step pe {" ".join(PRESSURE)}
         """
     )
-    script += dump_commands("d", "atoms.dump", [c for cs in PER_ATOM.values() for c in cs])
+
+
+def run0_evaluation(name: str, columns: list[str] = PER_ATOM_COLUMNS) -> str:
+    """One ``run 0`` of the pair style set before it: the dump ``NAME.dump`` (``columns``)
+    and the printed energy and pressure tagged ``NAME`` in capitals, which
+    :func:`read_evaluation` reads back."""
+    printed = print_results(name.upper(), {"pe": "pe", **{p: p for p in PRESSURE}})
+    return dump_commands("d", f"{name}.dump", columns) + "run 0\nundump d\n" + printed
+
+
+def read_evaluation(workdir, output: str, name: str, ids) -> tuple[dict, dict]:
+    """The dump and the printed results of :func:`run0_evaluation` ``name``, its rows
+    checked to be the atoms ``ids`` (sorted)."""
+    from nvalchemi_lammps.lammps_run import read_dump, read_results
+
+    atoms = read_dump(workdir / f"{name}.dump")
+    np.testing.assert_array_equal(atoms["id"], np.asarray(ids))
+    return atoms, read_results(output, name.upper())
+
+
+def assert_ranks_own(owned: list[tuple[int, int]], nprocs: int) -> None:
+    """``owned`` (:func:`atoms_per_rank`, one row per run) of a system with vacuum in its
+    upper half along z: under ``processors 2 1 1`` (2 ranks) every rank owns atoms, under
+    ``processors 2 1 2`` (4 ranks) some rank owns none."""
+    if nprocs == 2:
+        assert all(fewest > 0 for fewest, _ in owned), owned
+    if nprocs == 4:
+        assert all(fewest == 0 for fewest, _ in owned), owned
+
+
+def comparison_script(data: str, pair_style: str, elements: str, processors: str = "") -> str:
+    """A ``run 0`` (metal units, ``atom_style atomic``) that writes what
+    :func:`assert_matches_reference` reads: the per-atom dump ``atoms.dump`` and the printed
+    energy and pressure."""
+    script = run0_header(data, processors)
+    script += f"pair_style {pair_style}\npair_coeff * * {elements}\n"
+    script += dump_commands("d", "atoms.dump", PER_ATOM_COLUMNS)
     return script + "run 0\n" + print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
 
 

@@ -115,3 +115,80 @@ def test_no_import_circle():
 def test_no_cli_module_is_oversized():
     sizes = {path.name: len(path.read_text().splitlines()) for path in (ROOT / "cli").glob("*.py")}
     assert {name: n for name, n in sizes.items() if n > CLI_LINES} == {}
+
+
+#: The command-line tools and the benchmarks: they drive the package from outside it.
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+TOOL_FILES = {
+    **{f"benchmarks.{p.stem}": p for p in sorted(BENCHMARKS.glob("*.py"))},
+    **{name: path for name, path in MODULES.items() if _under(name, "cli")},
+}
+
+
+def test_benchmarks_keep_out_of_front_door_internals():
+    """The benchmarks read a session through its public hooks (``PluginSession.timings``,
+    ``opened_sessions``), as the package's own tools do."""
+    assert BENCHMARKS.is_dir() and len(TOOL_FILES) > len(list(BENCHMARKS.glob("*.py")))
+    private = {f"{PACKAGE}.frontends._lammps_comm", f"{PACKAGE}.frontends._step"}
+    inside = {
+        name: sorted(_imports(name, path, MODULES) & private) for name, path in TOOL_FILES.items()
+    }
+    assert {name: found for name, found in inside.items() if found} == {}
+
+
+#: The one patch left, by file and attribute: the GPU check's control run takes the ML-IAP
+#: adapter's waits for Kokkos's stream away, to show that without them the check fails.
+CONTROL_PATCHES = {("mliap_gpu_check.py", "_fence")}
+
+
+def _patched(path: Path) -> list[str]:
+    """Assignments in ``path`` that replace a private attribute of another object (``x._y =
+    ...``, ``setattr(x, "_y", ...)``) or any attribute of an imported module or class."""
+    tree = ast.parse(path.read_text())
+    imported = {
+        (alias.asname or alias.name).partition(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+
+    def patches(owner: ast.expr, attr: str) -> bool:
+        base = owner
+        while isinstance(base, ast.Attribute):
+            base = base.value
+        private = attr.startswith("_") and not attr.endswith("__")
+        if isinstance(base, ast.Name) and base.id == "self":
+            return False
+        if (path.name, attr) in CONTROL_PATCHES:
+            return False
+        return private or (isinstance(base, ast.Name) and base.id in imported)
+
+    found = []
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "setattr"
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and patches(node.args[0], str(node.args[1].value))
+        ):
+            found.append(f"{path.name}:{node.lineno}")
+        while targets:
+            target = targets.pop()
+            if isinstance(target, ast.Tuple | ast.List):
+                targets.extend(target.elts)
+            elif isinstance(target, ast.Attribute) and patches(target.value, target.attr):
+                found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_benchmarks_and_cli_patch_nothing():
+    """What a tool measures, it reads through a public hook: it replaces no private method
+    and no function of a module it imports."""
+    assert [spot for path in TOOL_FILES.values() for spot in _patched(path)] == []

@@ -15,6 +15,7 @@ from _systems import (
     fcc_argon_222,
     gather,
     lennard_jones,
+    local_graph,
     slab_argon,
     triclinic_ar_ne,
 )
@@ -206,14 +207,8 @@ def test_float32_potential_returns_float64():
     p32, p64 = Embedding(dtype="float32"), Embedding()
     graphs = decompose(system, p64.spec.cutoff, 2)
     g = graphs[0]
-    args = (
-        g.nlocal,
-        torch.from_numpy(g.species),
-        torch.from_numpy(g.pair_i),
-        torch.from_numpy(g.pair_j),
-        torch.from_numpy(g.rij),
-    )
-    r32, r64 = evaluate(p32, LocalGraph(*args)), evaluate(p64, LocalGraph(*args))
+    graph = local_graph(g.nlocal, g.species, g)
+    r32, r64 = evaluate(p32, graph), evaluate(p64, graph)
     assert r32.pair_forces.dtype == torch.float64 and r32.atom_energies.dtype == torch.float64
     np.testing.assert_allclose(r32.pair_forces.numpy(), r64.pair_forces.numpy(), atol=1e-6)
     assert r32.energy == pytest.approx(r64.energy, rel=1e-6)
@@ -224,16 +219,7 @@ def test_input_tensors_are_not_modified():
     potential = lennard_jones(system)
     g = decompose(system, potential.spec.cutoff, 2)[0]
     rij = torch.from_numpy(g.rij.copy())
-    evaluate(
-        potential,
-        LocalGraph(
-            g.nlocal,
-            torch.from_numpy(g.species),
-            torch.from_numpy(g.pair_i),
-            torch.from_numpy(g.pair_j),
-            rij,
-        ),
-    )
+    evaluate(potential, local_graph(g.nlocal, g.species, g, rij=rij))
     assert np.array_equal(rij.numpy(), g.rij) and not rij.requires_grad
 
 

@@ -15,6 +15,7 @@ from _ionic_systems import (
     PBC,
     SLAB_PBC,
     allreduce_sizes,
+    on_rock_salt,
     rock_salt,
     slab_energy,
     slab_system,
@@ -107,65 +108,62 @@ def test_every_rank_issues_the_same_collectives(nlocal):
     assert result.atom_forces.shape == (nlocal, 3)
 
 
-@pytest.mark.parametrize(
-    "kwargs, graph_change, message",
-    [
-        ({"alpha": 0.3}, {}, "ewald needs alpha and kmax, or accuracy to derive them"),
-        ({"alpha": 0.3, "kmax": [4, 4]}, {}, "kmax must be a positive integer or three of them"),
-        ({"accuracy": 1e-5, "charges": {"Na": 1.0}}, {}, "charges missing for element(s) Cl"),
-        ({"accuracy": 1e-5, "slab": 1.0}, {}, "slab must be a volume factor above 1"),
-        ({"accuracy": 1e-5, "background": "yes"}, {}, "background must be true or false"),
+#: What the constructor or the evaluation refuses: (arguments, input changes, message).
+ERRORS = {
+    "no-alpha-kmax": ({"alpha": 0.3}, {}, "ewald needs alpha and kmax, or accuracy to derive them"),
+    "bad-kmax": (
+        {"alpha": 0.3, "kmax": [4, 4]},
+        {},
+        "kmax must be a positive integer or three of them",
+    ),
+    "missing-charge": (
+        {"accuracy": 1e-5, "charges": {"Na": 1.0}},
+        {},
+        "charges missing for element(s) Cl",
+    ),
+    "slab-factor": ({"accuracy": 1e-5, "slab": 1.0}, {}, "slab must be a volume factor above 1"),
+    "background-not-bool": (
+        {"accuracy": 1e-5, "background": "yes"},
+        {},
+        "background must be true or false",
+    ),
+    "non-periodic-without-slab": (
+        {"accuracy": 1e-5},
+        {"pbc": (True, True, False)},
         (
-            {"accuracy": 1e-5},
-            {"pbc": (True, True, False)},
-            (
-                "ewald without slab needs a box periodic in x, y and z, got pbc=(True, True, False)"
-                ": for boundary p p f set slab"
-            ),
+            "ewald without slab needs a box periodic in x, y and z, got pbc=(True, True, False)"
+            ": for boundary p p f set slab"
         ),
+    ),
+    "slab-with-periodic-z": (
+        {"accuracy": 1e-5, "slab": 3.0},
+        {},
         (
-            {"accuracy": 1e-5, "slab": 3.0},
-            {},
-            (
-                "ewald with slab needs boundary p p f (x and y periodic, z not), "
-                "got pbc=(True, True, True)"
-            ),
+            "ewald with slab needs boundary p p f (x and y periodic, z not), "
+            "got pbc=(True, True, True)"
         ),
+    ),
+    "net-charge-without-background": (
+        {"accuracy": 1e-5},
+        {"shift": 0.01},
         (
-            {"accuracy": 1e-5},
-            {"shift": 0.01},
-            (
-                "ewald: the system has a net charge of 0.08 e; make the charges sum to zero, or "
-                "set background = true"
-            ),
+            "ewald: the system has a net charge of 0.08 e; make the charges sum to zero, or "
+            "set background = true"
         ),
-        (
-            {"alpha": 0.2, "kmax": 4, "accuracy": 1e-5},
-            {},
-            "ewald: real-space cutoff 5 too short for alpha 0.2 at accuracy 1e-05",
-        ),
-        ({"accuracy": 1e-5}, {"charges": None}, "ewald needs per-atom charges"),
-    ],
-    ids=[
-        "no-alpha-kmax",
-        "bad-kmax",
-        "missing-charge",
-        "slab-factor",
-        "background-not-bool",
-        "non-periodic-without-slab",
-        "slab-with-periodic-z",
-        "net-charge-without-background",
-        "cutoff-too-short-for-alpha",
-        "no-charges",
-    ],
-)
+    ),
+    "cutoff-too-short-for-alpha": (
+        {"alpha": 0.2, "kmax": 4, "accuracy": 1e-5},
+        {},
+        "ewald: real-space cutoff 5 too short for alpha 0.2 at accuracy 1e-05",
+    ),
+    "no-charges": ({"accuracy": 1e-5}, {"charges": None}, "ewald needs per-atom charges"),
+}
+
+
+@pytest.mark.parametrize(("kwargs", "graph_change", "message"), ERRORS.values(), ids=ERRORS.keys())
 def test_errors(kwargs, graph_change, message):
-    positions, cell, species, charges = rock_salt(1)
-    charges = charges + graph_change.pop("shift", 0.0)
     with pytest.raises(ValueError, match=re.escape(message)):
-        potential = Ewald(["Na", "Cl"], cutoff=5.0, **kwargs)
-        inputs = {"pbc": PBC, "charges": charges} | graph_change
-        evaluate_reference(potential, positions, cell, inputs["pbc"], species, inputs["charges"])
+        on_rock_salt(Ewald, kwargs, graph_change)
 
 
 def test_explicit_alpha_within_the_accuracy_is_accepted():

@@ -20,6 +20,7 @@ from lammps_helpers import (
     atoms_per_rank,
     comparison_script,
     neighbor_list_builds,
+    setup_commands,
 )
 
 from nvalchemi_lammps import MessagePassing, save_model
@@ -80,12 +81,8 @@ def test_md_run_compiles_nothing_after_its_first_step(argon_data, tmp_path):
     path = save_model(
         MessagePassing(["Ar"], cutoff=5.0, layers=2, features=8, seed=3), tmp_path / "mp.pt"
     )
-    script = textwrap.dedent(
+    script = setup_commands(argon_data) + textwrap.dedent(
         f"""\
-        units metal
-        atom_style atomic
-        atom_modify map array
-        read_data {argon_data}
         pair_style nvalchemi {path} compile yes
         pair_coeff * * Ar
         neighbor 1.0 bin

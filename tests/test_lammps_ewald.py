@@ -25,6 +25,7 @@ from _ionic_lammps import (
     MASSES,
     SLAB_FACTOR,
     coul_long,
+    ionic_data,
     lammps_script,
     molten_salt,
     read_outputs,
@@ -41,9 +42,7 @@ pytestmark = pytest.mark.lammps
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory) -> Path:
-    positions, cell, types, charges = molten_salt()
-    path = tmp_path_factory.mktemp("nacl") / "nacl.data"
-    return write_lammps_data(path, positions, cell, types, MASSES, charges=charges)
+    return ionic_data(tmp_path_factory.mktemp("nacl"), "periodic")
 
 
 @pytest.fixture(scope="module")
@@ -158,9 +157,7 @@ def test_remaining_difference_is_the_erfc_fit_of_coul_long(lammps_choice, lammps
 
 @pytest.fixture(scope="module")
 def slab(tmp_path_factory) -> Path:
-    positions, cell, types, charges = slab_rock_salt()
-    path = tmp_path_factory.mktemp("slab") / "slab.data"
-    return write_lammps_data(path, positions, cell, types, MASSES, charges=charges)
+    return ionic_data(tmp_path_factory.mktemp("slab"), "slab")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 from _broken_models import ExitingLennardJones, NonFiniteLennardJones, importable_in_lammps
-from lammps_helpers import AR_EPSILON, AR_SIGMA, CUTOFF, NE_EPSILON, NE_SIGMA
+from lammps_helpers import AR_EPSILON, AR_SIGMA, BASE_EXCEPTIONS, CUTOFF, NE_EPSILON, NE_SIGMA
 
 from nvalchemi_lammps import LennardJones, save_model
 from nvalchemi_lammps._model_file import FORMAT_VERSION, read_record
@@ -199,15 +199,7 @@ def test_non_finite_model_output_stops_naming_step_and_atoms(nprocs, argon_data,
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=lambda n: f"np{n}")
-@pytest.mark.parametrize(
-    ("raises", "failing_rank", "message"),
-    [
-        ("exit", -1, "SystemExit: 3"),
-        ("interrupt", -1, "KeyboardInterrupt"),
-        ("exit", 1, "SystemExit: 3"),
-    ],
-    ids=["exit-all-ranks", "interrupt-all-ranks", "exit-rank-1"],
-)
+@BASE_EXCEPTIONS
 def test_base_exception_in_a_model_is_a_lammps_error(
     raises, failing_rank, message, nprocs, argon_data, tmp_path
 ):

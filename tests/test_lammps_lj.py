@@ -24,6 +24,7 @@ from lammps_helpers import (
     AR_NE_SIGMA,
     AR_SIGMA,
     ARGON_ATOMS,
+    ARGON_NEON_LJ_CUT,
     CUTOFF,
     GLOBAL,
     NE_EPSILON,
@@ -80,14 +81,6 @@ class System:
 ARGON_LJ_CUT = f"""
 pair_style lj/cut {CUTOFF}
 pair_coeff 1 1 {AR_EPSILON} {AR_SIGMA}
-"""
-
-#: Types 1 = Ar, 2 = Ne (the model lists Ne first); explicit Ar-Ne pair with its own cutoff.
-ARGON_NEON_LJ_CUT = f"""
-pair_style lj/cut {CUTOFF}
-pair_coeff 1 1 {AR_EPSILON} {AR_SIGMA}
-pair_coeff 2 2 {NE_EPSILON} {NE_SIGMA} {NE_NE_CUTOFF}
-pair_coeff 1 2 {AR_NE_EPSILON} {AR_NE_SIGMA} {AR_NE_CUTOFF}
 """
 
 #: 30 % of the argon atoms become type 2 (``set`` seeds its generator by position, so the

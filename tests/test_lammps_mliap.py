@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from _systems import ar_ne_slab, fcc_argon_222, lennard_jones
 from lammps_helpers import (
+    BASE_EXCEPTIONS,
     NPROCS,
     assert_all_close,
     assert_matches_reference,
@@ -29,6 +30,7 @@ from lammps_helpers import (
     comparison_script,
     dump_commands,
     print_results,
+    setup_commands,
 )
 
 from nvalchemi_lammps import MessagePassing, save_model
@@ -180,12 +182,8 @@ def test_md_on_two_ranks_equals_one_rank(mliap_lammps, lj_model, argon_data, tmp
     final = {}
     for nprocs in (1, 2):
         workdir = tmp_path / f"np{nprocs}"
-        script = textwrap.dedent(
+        script = setup_commands(argon_data) + textwrap.dedent(
             f"""\
-            units metal
-            atom_style atomic
-            atom_modify map array
-            read_data {argon_data}
             pair_style mliap unified {path} 0
             pair_coeff * * Ar
             neighbor 1.0 bin
@@ -376,15 +374,7 @@ def test_atoms_on_the_same_spot_stop_mliap(mliap_lammps, argon_data, nprocs, tmp
 
 
 @pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])
-@pytest.mark.parametrize(
-    ("raises", "failing_rank", "message"),
-    [
-        ("exit", -1, "SystemExit: 3"),
-        ("interrupt", -1, "KeyboardInterrupt"),
-        ("exit", 1, "SystemExit: 3"),
-    ],
-    ids=["exit-all-ranks", "interrupt-all-ranks", "exit-rank-1"],
-)
+@BASE_EXCEPTIONS
 def test_base_exception_in_a_model_is_an_mliap_error(
     mliap_lammps, argon_data, raises, failing_rank, message, nprocs, tmp_path
 ):

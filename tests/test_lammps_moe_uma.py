@@ -29,17 +29,22 @@ from _uma_models import ELEMENTS, copper_oxide_slab, fairchem_predict, predict_u
 from lammps_helpers import (
     NPROCS,
     PER_ATOM,
-    PRESSURE,
+    PER_ATOM_COLUMNS,
+    SPLIT_XZ,
     TOLERANCE,
     assert_all_close,
     assert_matches_reference,
+    assert_ranks_own,
     atoms_per_rank,
     per_atom,
+    read_evaluation,
+    run0_evaluation,
+    run0_header,
 )
 
 from nvalchemi_lammps import load_model, save_model
 from nvalchemi_lammps.cli import main
-from nvalchemi_lammps.lammps_run import read_dump, read_results, run_lammps, write_lammps_data
+from nvalchemi_lammps.lammps_run import read_dump, run_lammps, write_lammps_data
 from nvalchemi_lammps.potentials.uma import Uma
 from nvalchemi_lammps.reference import evaluate_reference
 
@@ -47,7 +52,6 @@ pytestmark = [pytest.mark.lammps, pytest.mark.uma]
 
 MASSES = [1.008, 12.011, 15.999, 63.546]
 SYSTEM = copper_oxide_slab()
-PROCESSORS = {1: "", 2: "processors 2 1 1", 4: "processors 2 1 2"}
 #: (name, model, net charge, pair style keywords) of each ``run 0``.
 CASES = [
     ("omat", "float64", 0, {}),
@@ -56,7 +60,7 @@ CASES = [
     ("f32_omat", "float32", 0, {}),
 ]
 #: float32 through LAMMPS against fairchem's float32 predict unit: the same float32
-#: operations in another order (as in test_lammps_uma.py).
+#: operations in another order (as in test_charged_mlips.py).
 FLOAT32_TOLERANCE = 1e-5
 NVT_STEPS, NVT_EVERY = 60, 20
 #: Atom IDs deleted after the NVT run: one Cu, one O (the composition changes).
@@ -86,48 +90,13 @@ def models(tmp_path_factory):
 
 
 def script(data: Path, paths: dict[str, Path], nprocs: int) -> str:
-    columns = " ".join(
-        [
-            "x",
-            "y",
-            "z",
-            *PER_ATOM["force"],
-            *PER_ATOM["energy_per_atom"],
-            *PER_ATOM["stress_per_atom"],
-        ]
-    )
-    values = " ".join(f"{p} $({p}:%.17g)" for p in ("pe", *PRESSURE))
-
-    def evaluation(name: str) -> str:
-        return textwrap.dedent(
-            f"""
-            dump d all custom 1 {name}.dump id {columns}
-            dump_modify d sort id format float "%.17g"
-            run 0
-            undump d
-            print "{name.upper()} {values}"
-            """
-        )
-
-    lines = [
-        textwrap.dedent(
-            f"""\
-            units metal
-            atom_style atomic
-            atom_modify map array
-            {PROCESSORS[nprocs]}
-            read_data {data.name}
-            compute pe all pe/atom
-            compute stress all stress/atom NULL virial
-            thermo_style custom step pe {" ".join(PRESSURE)}
-            """
-        )
-    ]
+    columns = ["x", "y", "z", *PER_ATOM_COLUMNS]
+    lines = [run0_header(data.name, SPLIT_XZ[nprocs])]
     for name, model, charge, options in CASES:
         keywords = "".join(f" {k} {v}" for k, v in options.items())
         lines.append(f"pair_style nvalchemi {paths[model]} charge {charge}{keywords}\n")
         lines.append(f"pair_coeff * * {' '.join(ELEMENTS)}\n")
-        lines.append(evaluation(name))
+        lines.append(run0_evaluation(name, columns))
     lines.append(
         textwrap.dedent(
             f"""
@@ -150,7 +119,7 @@ def script(data: Path, paths: dict[str, Path], nprocs: int) -> str:
             """
         )
     )
-    lines.append(evaluation("evaporated"))
+    lines.append(run0_evaluation("evaporated", columns))
     return "".join(lines)
 
 
@@ -198,14 +167,10 @@ def test_uma_moe_equals_predict_unit(models, runs, nprocs):
     paths, units = models
     workdir, output = runs[nprocs]
     owned = atoms_per_rank(output, "Nlocal")[: len(CASES)]  # (fewest, most) per run 0
-    if nprocs == 2:
-        assert all(fewest > 0 for fewest, _ in owned), owned
-    if nprocs == 4:
-        assert all(fewest == 0 for fewest, _ in owned), owned
+    assert_ranks_own(owned, nprocs)
     for name, model, charge, options in CASES:
-        atoms = read_dump(workdir / f"{name}.dump")
-        np.testing.assert_array_equal(atoms["id"], np.arange(1, SYSTEM.natoms + 1))
-        results = read_results(output, name.upper())
+        ids = np.arange(1, SYSTEM.natoms + 1)
+        atoms, results = read_evaluation(workdir, output, name, ids)
         spin, task = options.get("spin", 0), options.get("task", "omat")
         tol = FLOAT32_TOLERANCE if model == "float32" else TOLERANCE
         label = f"uma-moe/{name}/np{nprocs}"
@@ -246,10 +211,9 @@ def test_uma_moe_nvt_and_evaporation(models, runs, nprocs):
         label, frames[-1], energies[NVT_STEPS], units["float64"], "omat", 0, 0, TOLERANCE
     )
 
-    atoms = read_dump(workdir / "evaporated.dump")
     kept = [k for k in range(1, SYSTEM.natoms + 1) if k not in GONE]
-    np.testing.assert_array_equal(atoms["id"], kept)
-    pe = read_results(output, "EVAPORATED")["pe"]
+    atoms, results = read_evaluation(workdir, output, "evaporated", kept)
+    pe = results["pe"]
     label = f"uma-moe/evaporated/np{nprocs}"
     _against_predict_unit(label, atoms, pe, units["float64"], "omat", 0, 0, TOLERANCE)
 

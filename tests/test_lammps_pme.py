@@ -36,9 +36,9 @@ import pytest
 import torch
 from _ionic_lammps import (
     CUTOFF,
-    MASSES,
     SLAB_FACTOR,
     coul_long,
+    ionic_data,
     lammps_script,
     molten_salt,
     read_outputs,
@@ -48,7 +48,7 @@ from _ionic_lammps import (
 from lammps_helpers import MEASURED, NPROCS, assert_all_close, atoms_per_rank
 
 from nvalchemi_lammps import save_model
-from nvalchemi_lammps.lammps_run import run_lammps, write_lammps_data
+from nvalchemi_lammps.lammps_run import run_lammps
 from nvalchemi_lammps.potentials.ewald import QQR2E, Ewald
 from nvalchemi_lammps.potentials.pme import Pme
 from nvalchemi_lammps.reference import evaluate_reference
@@ -83,12 +83,7 @@ def _setup(geometry: str, nprocs: int) -> str:
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("pme_data")
-    return {
-        geometry: write_lammps_data(
-            folder / f"{geometry}.data", positions, cell, types, MASSES, charges=charges
-        )
-        for geometry, (positions, cell, types, charges) in _systems().items()
-    }
+    return {geometry: ionic_data(folder, geometry) for geometry in ("periodic", "slab")}
 
 
 @pytest.fixture(scope="module")

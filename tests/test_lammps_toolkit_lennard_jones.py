@@ -23,6 +23,7 @@ from lammps_helpers import (
     AR_NE_EPSILON,
     AR_NE_SIGMA,
     AR_SIGMA,
+    ARGON_NEON_LJ_CUT,
     CUTOFF,
     NE_EPSILON,
     NE_MASS,
@@ -58,13 +59,7 @@ ARGUMENTS = {
     ],
     "shift": True,
 }
-LJ_CUT = f"""\
-pair_style lj/cut {CUTOFF}
-pair_modify shift yes
-pair_coeff 1 1 {AR_EPSILON} {AR_SIGMA}
-pair_coeff 2 2 {NE_EPSILON} {NE_SIGMA} {NE_NE_CUTOFF}
-pair_coeff 1 2 {AR_NE_EPSILON} {AR_NE_SIGMA} {AR_NE_CUTOFF}
-"""
+LJ_CUT = ARGON_NEON_LJ_CUT + "pair_modify shift yes\n"
 PROCESSORS = {1: "", 2: "processors 1 1 2", 4: "processors 2 1 2"}
 COLUMNS = [c for columns in PER_ATOM.values() for c in columns]
 

@@ -17,11 +17,12 @@ from _systems import (
     fcc_argon_222,
     image_ranges,
     lennard_jones,
+    local_graph,
     slab_argon,
     triclinic_ar_ne,
 )
 
-from nvalchemi_lammps import LennardJones, LocalGraph, evaluate
+from nvalchemi_lammps import LennardJones, evaluate
 from nvalchemi_lammps.reference import evaluate_reference, neighbor_pairs
 
 SYSTEMS = [fcc_argon(), fcc_argon_222(), triclinic_ar_ne(), slab_argon(), cluster_ar_ne()]
@@ -268,16 +269,7 @@ def test_float32_agrees_with_float64(system):
     assert not np.array_equal(ref32.forces, ref64.forces)  # float32 really was used
 
     pairs = ref64.pairs
-    result = evaluate(
-        p32,
-        LocalGraph(
-            system.natoms,
-            torch.from_numpy(system.species),
-            torch.from_numpy(pairs.pair_i),
-            torch.from_numpy(pairs.pair_j),
-            torch.from_numpy(pairs.rij),
-        ),
-    )
+    result = evaluate(p32, local_graph(system.natoms, system.species, pairs))
     assert result.pair_forces.dtype == torch.float64
     assert result.atom_energies.dtype == torch.float64
 
@@ -380,13 +372,7 @@ def test_closed_form_equals_autograd(system, shift, null):
     potential = lennard_jones(system, shift=shift)
     species = _with_null_atom(system) if null else system.species
     pairs = neighbor_pairs(system.positions, system.cell, system.pbc, potential.spec.cutoff)
-    graph = LocalGraph(
-        system.natoms,
-        torch.from_numpy(species),
-        torch.from_numpy(pairs.pair_i),
-        torch.from_numpy(pairs.pair_j),
-        torch.from_numpy(pairs.rij),
-    )
+    graph = local_graph(system.natoms, species, pairs)
     closed = evaluate(potential, graph)
     potential.pair_terms = lambda graph: None  # no closed form: autograd of forward
     differentiated = evaluate(potential, graph)

@@ -27,9 +27,12 @@ from _systems import (
     RankGraph,
     System,
     ThreadWorld,
+    assert_same_results,
     decompose,
     decompose_shell,
-    gather,
+    gather_evaluations,
+    local_graph,
+    relative,
 )
 
 from nvalchemi_lammps import LocalGraph, evaluate, load_model, save_model
@@ -150,11 +153,6 @@ def mace_forward(
     }
 
 
-def _relative(got, ref) -> float:
-    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
-    return float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
-
-
 def _reference(potential: Mace, system: System):
     return evaluate_reference(potential, system.positions, system.cell, system.pbc, system.species)
 
@@ -169,14 +167,14 @@ def test_equals_mace_forward(variant, system):
     theirs = mace_forward(model, system)
     assert len(ref.pairs.pair_i) > 0
     diffs = {
-        "energy": _relative([ref.energy], [theirs["energy"]]),
-        "atom_energies": _relative(ref.atom_energies, theirs["atom_energies"]),
-        "forces": _relative(ref.forces, theirs["forces"]),
+        "energy": relative([ref.energy], [theirs["energy"]]),
+        "atom_energies": relative(ref.atom_energies, theirs["atom_energies"]),
+        "forces": relative(ref.forces, theirs["forces"]),
         # mace-torch's virial is -dE/dstrain, ours -sum rij (x) fij: the same tensor
-        "virial": _relative(ref.virial, theirs["virial"]),
+        "virial": relative(ref.virial, theirs["virial"]),
     }
     if all(system.pbc):  # mace-torch stretches the cell along non-periodic directions
-        diffs["stress"] = _relative(-ref.virial / system.volume, theirs["stress"])
+        diffs["stress"] = relative(-ref.virial / system.volume, theirs["stress"])
     assert all(d <= TOLERANCE for d in diffs.values()), diffs
     assert np.abs(theirs["forces"]).max() > 1e-3  # forces that could be wrong
 
@@ -196,11 +194,11 @@ def test_other_interaction_blocks(interaction):
     system = fcc_ar_kr()
     ref = _reference(potential, system)
     theirs = mace_forward(model, system)
-    assert _relative([ref.energy], [theirs["energy"]]) <= TOLERANCE
-    assert _relative(ref.forces, theirs["forces"]) <= TOLERANCE
+    assert relative([ref.energy], [theirs["energy"]]) <= TOLERANCE
+    assert relative(ref.forces, theirs["forces"]) <= TOLERANCE
     # and across ranks with ghost features exchanged
     got, _ = _run_exchange(potential, system, decompose(system, R_MAX, 3))
-    assert _relative(got.forces, ref.forces) <= TOLERANCE
+    assert relative(got.forces, ref.forces) <= TOLERANCE
 
 
 def _options():
@@ -250,8 +248,8 @@ def test_model_options(case, tmp_path):
     system = triclinic_ar_kr()
     ref = _reference(potential, system)
     theirs = mace_forward(model, system, head=head or "Default")
-    assert _relative(ref.atom_energies, theirs["atom_energies"]) <= TOLERANCE
-    assert _relative(ref.forces, theirs["forces"]) <= TOLERANCE
+    assert relative(ref.atom_energies, theirs["atom_energies"]) <= TOLERANCE
+    assert relative(ref.forces, theirs["forces"]) <= TOLERANCE
     loaded = load_model(save_model(potential, tmp_path / "m.pt"))
     assert np.array_equal(_reference(loaded, system).forces, ref.forces)
     assert heads == loaded.config()["model"]["heads"]
@@ -305,37 +303,12 @@ def _run_exchange(potential: Mace, system: System, graphs, exchange: bool = True
 
     def work(rank):
         g = graphs[rank]
-        return evaluate(
-            potential,
-            LocalGraph(
-                g.nlocal,
-                torch.from_numpy(g.species),
-                torch.from_numpy(g.pair_i),
-                torch.from_numpy(g.pair_j),
-                torch.from_numpy(g.rij),
-                LammpsComm(world.collectives(rank), exchange=exchange),
-            ),
-        )
+        comm = LammpsComm(world.collectives(rank), exchange=exchange)
+        return evaluate(potential, local_graph(g.nlocal, g.species, g, comm))
 
     results = world.run(work)
-    got = gather(
-        system,
-        graphs,
-        [r.atom_energies.numpy() for r in results],
-        [r.pair_forces.numpy() for r in results],
-    )
+    got = gather_evaluations(system, graphs, results)
     return got, world
-
-
-def _assert_equal(got, ref, tol=TOLERANCE):
-    diffs = {
-        "energy": _relative([got.energy], [ref.energy]),
-        "atom_energies": _relative(got.atom_energies, ref.atom_energies),
-        "forces": _relative(got.forces, ref.forces),
-        "virial": _relative(got.virial, ref.virial),
-        "atom_virials": _relative(got.atom_virials, ref.atom_virials),
-    }
-    assert all(d <= tol for d in diffs.values()), diffs
 
 
 DECOMPOSITIONS = [(1, None), (2, None), (3, None), (4, None), (3, 2)]
@@ -350,7 +323,7 @@ def test_ranks_equal_reference(variant, system, nranks, nslabs):
     ref = _reference(potential, system)
 
     exchanged, world = _run_exchange(potential, system, decompose(system, R_MAX, nranks, nslabs))
-    _assert_equal(exchanged, ref)
+    assert_same_results(exchanged, ref)
     # one forward exchange per layer after the first, its reverse in the backward pass,
     # on every rank including an empty one
     assert all(calls == world.calls[0] for calls in world.calls)
@@ -359,9 +332,9 @@ def test_ranks_equal_reference(variant, system, nranks, nslabs):
 
     graphs = decompose_shell(system, R_MAX, layers, nranks, nslabs)
     shelled, world = _run_exchange(potential, system, graphs, exchange=False)
-    _assert_equal(shelled, ref)
+    assert_same_results(shelled, ref)
     assert world.calls == [[] for _ in graphs]
-    _assert_equal(exchanged, shelled, tol=1e-12)
+    assert_same_results(exchanged, shelled, tol=1e-12)
 
 
 def test_rank_without_atoms_or_ghosts_exchanges_too(scale_shift):
@@ -373,7 +346,7 @@ def test_rank_without_atoms_or_ghosts_exchanges_too(scale_shift):
     empty = RankGraph(0, nothing, nothing, nothing, np.zeros((0, 3)), nothing)
     graphs = [*decompose(system, R_MAX, 2), empty]
     got, world = _run_exchange(potential, system, graphs)
-    _assert_equal(got, _reference(potential, system))
+    assert_same_results(got, _reference(potential, system))
     assert world.calls[2] == world.calls[0] == ["forward_exchange", "reverse_exchange"]
 
 
@@ -385,7 +358,7 @@ def test_exchange_is_needed(scale_shift):
     ref = _reference(potential, system)
     graphs = decompose(system, R_MAX, 2)
     wrong, _ = _run_exchange(potential, system, graphs, exchange=False)
-    assert _relative(wrong.atom_energies, ref.atom_energies) > 1e-6
+    assert relative(wrong.atom_energies, ref.atom_energies) > 1e-6
 
 
 # --- NULL atoms, empty ranks --------------------------------------------------------------
@@ -404,8 +377,8 @@ def test_null_atoms_are_left_out(scale_shift):
         potential, system.positions[keep], system.cell, system.pbc, species[keep]
     )
     assert with_null.atom_energies[5] == 0.0 and not with_null.forces[5].any()
-    assert _relative(with_null.atom_energies[keep], without.atom_energies) <= 1e-13
-    assert _relative(with_null.forces[keep], without.forces) <= 1e-13
+    assert relative(with_null.atom_energies[keep], without.atom_energies) <= 1e-13
+    assert relative(with_null.forces[keep], without.forces) <= 1e-13
 
 
 @pytest.mark.parametrize(("nlocal", "nghost"), [(0, 0), (0, 4), (3, 0), (2, 3)])
@@ -432,7 +405,7 @@ def test_no_pairs(scale_shift, nlocal, nghost):
             ELEMENTS,
         )
         isolated = mace_forward(model, far_apart)["atom_energies"]
-        assert _relative(result.atom_energies.numpy(), isolated) <= 1e-14
+        assert relative(result.atom_energies.numpy(), isolated) <= 1e-14
 
 
 # --- (c) model file, checkpoint, configuration --------------------------------------------
@@ -540,12 +513,12 @@ def test_float32(scale_shift):
     system = fcc_ar_kr()
     ref, got = _reference(potential, system), _reference(single, system)
     assert got.pair_forces.dtype == np.float64 and got.forces.dtype == np.float64
-    assert _relative([got.energy], [ref.energy]) <= 1e-5
-    assert _relative(got.atom_energies, ref.atom_energies) <= 1e-5
-    assert _relative(got.forces, ref.forces) <= 1e-4
+    assert relative([got.energy], [ref.energy]) <= 1e-5
+    assert relative(got.atom_energies, ref.atom_energies) <= 1e-5
+    assert relative(got.forces, ref.forces) <= 1e-4
     assert not np.array_equal(got.forces, ref.forces)
     exchanged, _ = _run_exchange(single, system, decompose(system, R_MAX, 3, 2))
-    assert _relative(exchanged.forces, ref.forces) <= 1e-4
+    assert relative(exchanged.forces, ref.forces) <= 1e-4
 
 
 # --- errors --------------------------------------------------------------------------------
@@ -679,7 +652,7 @@ def test_cuequivariance_equals_e3nn(on_cueq, system):
     contraction = cueq.network.products[0].symmetric_contractions
     assert type(contraction).__module__.startswith("cuequivariance_torch")
     assert cueq.network is not cueq.model  # the weights stay in e3nn's form
-    _assert_equal(_reference(cueq, system), _reference(e3nn, system))
+    assert_same_results(_reference(cueq, system), _reference(e3nn, system))
 
 
 @cueq_only
@@ -692,10 +665,10 @@ def test_cuequivariance_equals_mace_forward_of_converted(on_cueq, dtype):
     theirs = mace_forward(_mace_cueq(model, torch_dtype), fcc_ar_kr(), dtype=torch_dtype)
     ours = _reference(Mace.from_model(model, dtype=dtype, kernels="cuequivariance"), fcc_ar_kr())
     tol = {"float64": TOLERANCE, "float32": 1e-5}[dtype]
-    assert _relative([ours.energy], [theirs["energy"]]) <= tol
-    assert _relative(ours.atom_energies, theirs["atom_energies"]) <= tol
-    assert _relative(ours.forces, theirs["forces"]) <= 10 * tol
-    assert _relative(ours.virial, theirs["virial"]) <= 10 * tol
+    assert relative([ours.energy], [theirs["energy"]]) <= tol
+    assert relative(ours.atom_energies, theirs["atom_energies"]) <= tol
+    assert relative(ours.forces, theirs["forces"]) <= 10 * tol
+    assert relative(ours.virial, theirs["virial"]) <= 10 * tol
 
 
 @cueq_only
@@ -706,11 +679,11 @@ def test_cuequivariance_ranks_equal_reference(on_cueq, nranks, nslabs):
     system = fcc_ar_kr()
     ref = _reference(e3nn, system)
     exchanged, world = _run_exchange(cueq, system, decompose(system, R_MAX, nranks, nslabs))
-    _assert_equal(exchanged, ref)
+    assert_same_results(exchanged, ref)
     assert all(calls == ["forward_exchange", "reverse_exchange"] for calls in world.calls)
     graphs = decompose_shell(system, R_MAX, cueq.spec.layers, nranks, nslabs)
     shelled, _ = _run_exchange(cueq, system, graphs, exchange=False)
-    _assert_equal(shelled, ref)
+    assert_same_results(shelled, ref)
 
 
 @cueq_only
@@ -726,13 +699,13 @@ def test_model_converted_to_cuequivariance_exports(on_cueq, tmp_path):
     loaded = load_model(save_model(potential, tmp_path / "m.pt"))
     system = triclinic_ar_kr()
     ref = _reference(e3nn, system)
-    _assert_equal(_reference(loaded, system), ref)
+    assert_same_results(_reference(loaded, system), ref)
     path = tmp_path / "c.pt"
     save_model(Mace(loaded.config()["model"], kernels="cuequivariance"), path)
     on_cueq_kernels = load_model(path)
     on_cueq_kernels.load_state_dict(loaded.state_dict())  # weights arrive after building
     assert on_cueq_kernels.kernels == "cuequivariance"
-    _assert_equal(_reference(on_cueq_kernels, system), ref)
+    assert_same_results(_reference(on_cueq_kernels, system), ref)
 
 
 @cueq_only
@@ -744,7 +717,7 @@ def test_cuequivariance_network_follows_the_weights(on_cueq):
     system = triclinic_ar_kr()
     before = _reference(potential, system)
     potential.load_state_dict(e3nn.state_dict())
-    _assert_equal(_reference(potential, system), _reference(e3nn, system))
+    assert_same_results(_reference(potential, system), _reference(e3nn, system))
     assert not np.allclose(before.forces, _reference(e3nn, system).forces)
     network = potential.network
     potential.to("cpu")
@@ -794,7 +767,7 @@ def test_converter_limits(monkeypatch):
         got = _reference(auto, system)
     assert auto.kernels == "e3nn"
     monkeypatch.undo()
-    _assert_equal(got, _reference(Mace.from_model(model), system))
+    assert_same_results(got, _reference(Mace.from_model(model), system))
 
 
 def test_openequivariance_is_refused(scale_shift):
@@ -831,8 +804,8 @@ def test_foundation_families(family, tmp_path):
     system = dataclasses.replace(triclinic_ar_kr(), elements=potential.spec.elements)
     ref = _reference(potential, system)
     theirs = mace_forward(model, system, head=head)
-    assert _relative(ref.atom_energies, theirs["atom_energies"]) <= TOLERANCE
-    assert _relative(ref.forces, theirs["forces"]) <= TOLERANCE
+    assert relative(ref.atom_energies, theirs["atom_energies"]) <= TOLERANCE
+    assert relative(ref.forces, theirs["forces"]) <= TOLERANCE
 
 
 def test_charge_and_spin_embeddings_are_refused():

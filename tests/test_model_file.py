@@ -194,6 +194,18 @@ def test_not_our_format(tmp_path, content):
         load_model(path)
 
 
+def _with_format_version(tmp_path, version) -> Path:
+    """A model file whose record says format version ``version`` (``None``: says none)."""
+    path = save_model(_potential(), tmp_path / "lj.pt")
+    record = _record(path)
+    if version is None:
+        del record["format_version"]
+    else:
+        record["format_version"] = version
+    _write_record(record, path)
+    return path
+
+
 @pytest.mark.parametrize(
     ("version", "advice"),
     [
@@ -204,13 +216,7 @@ def test_not_our_format(tmp_path, content):
     ids=["newer", "older", "missing"],
 )
 def test_unknown_format_version(tmp_path, version, advice):
-    path = save_model(_potential(), tmp_path / "lj.pt")
-    record = _record(path)
-    if version is None:
-        del record["format_version"]
-    else:
-        record["format_version"] = version
-    _write_record(record, path)
+    path = _with_format_version(tmp_path, version)
     message = (
         f"model file {path} has format version {version}, this nvalchemi-lammps reads "
         f"version {FORMAT_VERSION}: {advice}"
@@ -373,10 +379,7 @@ def test_file_without_digest_loads_with_a_warning(tmp_path):
 
 
 def test_string_format_version(tmp_path):
-    path = save_model(_potential(), tmp_path / "lj.pt")
-    record = _record(path)
-    record["format_version"] = str(FORMAT_VERSION)
-    _write_record(record, path)
+    path = _with_format_version(tmp_path, str(FORMAT_VERSION))
     message = (
         f"model file {path} has format version '{FORMAT_VERSION}' (str), where "
         f"nvalchemi-lammps writes an integer, now {FORMAT_VERSION}: the file is damaged"

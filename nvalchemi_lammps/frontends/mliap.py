@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .._model_file import PickledRecord, load_model, model_record, potential_from_record
-from ..contract import Comm, LocalGraph, Potential, with_adjoint
+from ..contract import Comm, LocalGraph, Potential, resolve_strategy, with_adjoint
 from ..engine import Evaluation, evaluate, potential_device
 
 #: ML-IAP lists pairs closer than ``2 * rcutfac``: ``MLIAPDummyDescriptor::init``
@@ -310,26 +310,28 @@ class MLIAPModel(MLIAPUnified):
 
     def _comm(self, data: Any) -> MliapComm:
         """The exchanges a message-passing model needs, or a clear stop. Decided from the
-        model and the LAMMPS build alone, so that every rank stops at the same call."""
+        model and the LAMMPS build alone, so that every rank stops at the same call; the
+        strategy by the contract's one rule (:func:`~nvalchemi_lammps.contract.
+        resolve_strategy`), asked for ``exchange``: ML-IAP has no widened shell."""
         spec, name = self.potential.spec, self.potential.name
         if spec.needs_positions:
             raise ValueError(
                 f"the {name} model has terms that are not pairwise (it reads positions and the "
                 "cell), which ML-IAP does not hand to a model: run it with pair_style nvalchemi"
             )
-        if spec.layers == 1:
-            return MliapComm(data, exchange=False)
-        if "exchange" not in spec.strategies:
+        try:
+            strategy = resolve_strategy(spec, "exchange", name)
+        except ValueError as refused:
             raise ValueError(
                 f"the {name} model reaches past its ghost atoms only through the widened shell, "
                 "which ML-IAP cannot give (no ghost neighbor lists since LAMMPS PR #4532): "
                 "run it with pair_style nvalchemi"
-            )
-        if not hasattr(data, "forward_exchange"):
+            ) from refused
+        if strategy.exchange and not hasattr(data, "forward_exchange"):
             raise RuntimeError(
                 f"the {name} model passes messages over {spec.layers} layers and needs every "
                 "ghost atom's features from its owner after each layer, which this LAMMPS's "
                 f"ML-IAP cannot exchange: it needs {EXCHANGE_BUILD}; or run the model with "
                 "pair_style nvalchemi"
             )
-        return MliapComm(data, exchange=True)
+        return MliapComm(data, exchange=strategy.exchange)

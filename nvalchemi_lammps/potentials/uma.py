@@ -369,20 +369,13 @@ class Uma(Potential):
             )
 
     @classmethod
-    def random_weights(
-        cls,
-        backbone: dict[str, Any],
-        elements: list[str],
-        task: str,
-        seed: int = 0,
-        spin: int = 0,
-        dtype: str = "float32",
-    ) -> Uma:
+    def random_weights(cls, *arguments: Any, seed: int = 0, **keywords: Any) -> Uma:
         """UMA with random weights drawn with ``seed`` (for tests and benchmarks), from
-        fairchem's own initialization of the backbone configuration ``backbone``."""
+        fairchem's own initialization of the backbone configuration: the constructor's
+        arguments (``backbone``, ``elements``, ``task``, ``spin``, ``dtype``, ...)."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            return cls(backbone, elements, task, spin=spin, dtype=dtype)
+            return cls(*arguments, **keywords)
 
     @classmethod
     def from_checkpoint(
