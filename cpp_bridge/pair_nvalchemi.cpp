@@ -89,7 +89,7 @@ PairNvalchemi::PairNvalchemi(LAMMPS *lmp) :
     species(nullptr), owner(nullptr), candidate_i(nullptr), candidate_j(nullptr),
     nreceived(0), ncandidates(0), topology_ntotal(-1),
     pair_i(nullptr), pair_j(nullptr), rij(nullptr), pair_forces(nullptr), atom_energies(nullptr),
-    atom_forces(nullptr)
+    pair_scalars(nullptr), atom_forces(nullptr)
 {
   single_enable = 0;
   restartinfo = 0;
@@ -114,6 +114,7 @@ PairNvalchemi::~PairNvalchemi()
   memory->destroy(pair_j);
   memory->destroy(rij);
   memory->destroy(pair_forces);
+  memory->destroy(pair_scalars);
   memory->destroy(atom_energies);
   memory->destroy(atom_forces);
   if (allocated) {
@@ -180,6 +181,7 @@ void PairNvalchemi::compute(int eflag, int vflag)
   PythonSession::Result result{};
   result.atom_energies = atom_energies;
   result.pair_forces = pair_forces;
+  result.pair_scalars = pair_scalars;
   result.atom_forces = atom_forces;
   result.virial = extra_virial;
   PairCollectives collectives(this, atom, world);
@@ -193,25 +195,9 @@ void PairNvalchemi::compute(int eflag, int vflag)
                with_type(err));
   }
   if (!std::isfinite(result.energy))
-    stop_nonfinite(result.npairs, result.atom_forces_written, slot_i, slot_j);
-
-  for (int k = 0; k < result.npairs; k++) {
-    const int i = static_cast<int>(slot_i[k]);
-    const int j = static_cast<int>(slot_j[k]);
-    const double *fij = pair_forces + 3 * k;
-    f[i][0] += fij[0];
-    f[i][1] += fij[1];
-    f[i][2] += fij[2];
-    f[j][0] -= fij[0];
-    f[j][1] -= fij[1];
-    f[j][2] -= fij[2];
-    // virial (x_i - x_j) (x) f_i = -rij (x) fij; per atom, half onto i and half onto j.
-    // With fdotr (the default) the global part waits for virial_fdotr_compute().
-    if (vflag_either) {
-      const double *d = rij + 3 * k;
-      ev_tally_xyz(i, j, nlocal, 1, 0.0, 0.0, fij[0], fij[1], fij[2], -d[0], -d[1], -d[2]);
-    }
-  }
+    stop_nonfinite(result.npairs, result.atom_forces_written, result.pair_scalars_written, slot_i,
+                   slot_j);
+  apply_pair_forces(result.npairs, result.pair_scalars_written, slot_i, slot_j);
 
   // per-atom forces: the pairs' sum when that came back instead of the pairs, and the
   // non-pairwise terms; ghost rows are reverse-communicated by LAMMPS like pair forces
@@ -233,13 +219,51 @@ void PairNvalchemi::compute(int eflag, int vflag)
 }
 
 /* ----------------------------------------------------------------------
+   f[i] += fij, f[j] -= fij for the pairs that came back, fij given as a
+   vector or, for a pair potential's closed form, as s * rij (multiplied here:
+   the same product torch would form, so the same bits)
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::apply_pair_forces(int npairs, bool scalars, const bigint *slot_i,
+                                      const bigint *slot_j)
+{
+  double **f = atom->f;
+  const int nlocal = atom->nlocal;
+  for (int k = 0; k < npairs; k++) {
+    const int i = static_cast<int>(slot_i[k]);
+    const int j = static_cast<int>(slot_j[k]);
+    const double *d = rij + 3 * k;
+    double fij[3];
+    if (scalars) {
+      fij[0] = pair_scalars[k] * d[0];
+      fij[1] = pair_scalars[k] * d[1];
+      fij[2] = pair_scalars[k] * d[2];
+    } else {
+      fij[0] = pair_forces[3 * k + 0];
+      fij[1] = pair_forces[3 * k + 1];
+      fij[2] = pair_forces[3 * k + 2];
+    }
+    f[i][0] += fij[0];
+    f[i][1] += fij[1];
+    f[i][2] += fij[2];
+    f[j][0] -= fij[0];
+    f[j][1] -= fij[1];
+    f[j][2] -= fij[2];
+    // virial (x_i - x_j) (x) f_i = -rij (x) fij; per atom, half onto i and half onto j.
+    // With fdotr (the default) the global part waits for virial_fdotr_compute().
+    if (vflag_either)
+      ev_tally_xyz(i, j, nlocal, 1, 0.0, 0.0, fij[0], fij[1], fij[2], -d[0], -d[1], -d[2]);
+  }
+}
+
+/* ----------------------------------------------------------------------
    the model gave a non-finite energy or force on this rank (the energy comes
    back NaN then): stop here, naming the atoms. Runs only on failure, so the
    search costs nothing per step. Atoms on the same spot are the usual cause.
 ------------------------------------------------------------------------- */
 
-void PairNvalchemi::stop_nonfinite(int npairs, bool atom_forces_written, const bigint *slot_i,
-                                   const bigint *slot_j)
+void PairNvalchemi::stop_nonfinite(int npairs, bool atom_forces_written, bool scalars,
+                                   const bigint *slot_i, const bigint *slot_j)
 {
   static constexpr int SHOWN = 8;    // atom IDs named in the message
   const tagint *tag = atom->tag;
@@ -266,7 +290,7 @@ void PairNvalchemi::stop_nonfinite(int npairs, bool atom_forces_written, const b
   for (int i = 0; i < nlocal; i++)
     if (bad(atom_energies + i, 1)) ids.push_back(tag[i]);
   for (int k = 0; k < npairs; k++)
-    if (bad(pair_forces + 3 * k, 3)) {
+    if (scalars ? bad(pair_scalars + k, 1) : bad(pair_forces + 3 * k, 3)) {
       ids.push_back(tag[slot_i[k]]);
       ids.push_back(tag[slot_j[k]]);
     }
@@ -668,12 +692,14 @@ void PairNvalchemi::grow_buffers(int natoms, int npairs)
     memory->destroy(pair_j);
     memory->destroy(rij);
     memory->destroy(pair_forces);
+    memory->destroy(pair_scalars);
     memory->create(candidate_i, maxpair, "pair:candidate_i");
     memory->create(candidate_j, maxpair, "pair:candidate_j");
     memory->create(pair_i, maxpair, "pair:pair_i");
     memory->create(pair_j, maxpair, "pair:pair_j");
     memory->create(rij, 3 * maxpair, "pair:rij");
     memory->create(pair_forces, 3 * maxpair, "pair:pair_forces");
+    memory->create(pair_scalars, maxpair, "pair:pair_scalars");
   }
 }
 
@@ -841,6 +867,6 @@ double PairNvalchemi::memory_usage()
 {
   double bytes = Pair::memory_usage();
   bytes += static_cast<double>(maxatom) * (2 * sizeof(bigint) + 4 * sizeof(double));
-  bytes += static_cast<double>(maxpair) * (4 * sizeof(bigint) + 6 * sizeof(double));
+  bytes += static_cast<double>(maxpair) * (4 * sizeof(bigint) + 7 * sizeof(double));
   return bytes;
 }

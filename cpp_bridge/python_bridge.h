@@ -138,6 +138,10 @@ class PythonSession {
     double energy;             // sum of atom_energies; NaN when any energy or force is not finite
     double *atom_energies;     // nlocal, written
     double *pair_forces;       // 3 per pair slot: fij = +dE/drij
+    // 1 per pair slot: s with fij = s * rij, for a pair potential's closed form; written
+    // instead of pair_forces when pair_scalars_written
+    double *pair_scalars;
+    bool pair_scalars_written;
     int npairs;                // pairs written back (pair_i, pair_j, rij, pair_forces), or 0
     double *atom_forces;       // 3*ntotal: -dE/dx of owned and ghost rows, when written
     bool atom_forces_written;

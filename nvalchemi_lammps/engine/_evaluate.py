@@ -17,7 +17,8 @@ class Evaluation:
     :param atom_energies: ``(nlocal,)`` float64 energies of the owned atoms, on the
         potential's device
     :param pair_forces: ``(npairs, 3)`` float64 ``fij = +dE/drij``, on the potential's
-        device; the front door applies ``f[i] += fij`` and ``f[j] -= fij``
+        device; the front door applies ``f[i] += fij`` and ``f[j] -= fij``. ``None`` when
+        the front door asked for ``pair_scalars`` and the potential gave them
     :param atom_forces: ``(ntotal, 3)`` float64 ``-dE/dx`` of every atom row, for a
         potential that ``needs_positions`` (else ``None``); ghost rows are folded into their
         owners by the front door's reverse communication, like pair forces on ghosts
@@ -26,14 +27,20 @@ class Evaluation:
         potential that ``needs_positions`` (else ``None``)
     :param finite: the energy and every force (and the virial) are finite numbers; the
         front doors stop the run when not
+    :param pair_scalars: ``(npairs,)`` float64 ``s`` with ``fij = s * rij``, instead of
+        ``pair_forces``, when the front door asked for them (``evaluate(...,
+        pair_scalars=True)``) and the potential has a closed form (``pair_terms``): a
+        front door that applies pair forces in its own loop multiplies there, and no
+        ``(npairs, 3)`` tensor is made or copied
     """
 
     energy: float
     atom_energies: torch.Tensor
-    pair_forces: torch.Tensor
+    pair_forces: torch.Tensor | None
     atom_forces: torch.Tensor | None = None
     virial: torch.Tensor | None = None
     finite: bool = True
+    pair_scalars: torch.Tensor | None = None
 
 
 def _energy_and_finite(owned: torch.Tensor, grads: list[torch.Tensor]) -> tuple[float, bool]:
@@ -55,7 +62,7 @@ def potential_device(potential: Potential) -> torch.device:
     return torch.device("cpu")
 
 
-def evaluate(potential: Potential, graph: LocalGraph) -> Evaluation:
+def evaluate(potential: Potential, graph: LocalGraph, *, pair_scalars: bool = False) -> Evaluation:
     """Run ``potential`` on one rank's graph and differentiate its owned energy.
 
     The front door fills ``graph`` as LAMMPS stores it: ``rij`` (and ``positions``,
@@ -68,6 +75,10 @@ def evaluate(potential: Potential, graph: LocalGraph) -> Evaluation:
     rows), ``cell``, ``pbc`` and ``charges`` (if any); it is differentiated with respect to
     positions and cell too. Any other potential sees none of them. ``total_charge``,
     ``spin`` and ``task`` describe the whole system (the same on every rank).
+
+    With ``pair_scalars`` the caller takes a pair potential's forces as one scalar per pair
+    (:attr:`Evaluation.pair_scalars`, ``fij = s * rij``) when the potential has a closed
+    form; any other potential still returns ``pair_forces``.
     """
     rij, pair_i, pair_j, nlocal = graph.rij, graph.pair_i, graph.pair_j, graph.nlocal
     if rij.dtype != torch.float64:
@@ -114,7 +125,7 @@ def evaluate(potential: Potential, graph: LocalGraph) -> Evaluation:
         with torch.no_grad():
             terms = potential.pair_terms(graph)
         if terms is not None:
-            return _from_pair_terms(graph, leaf.detach(), *terms)
+            return _from_pair_terms(graph, leaf.detach(), *terms, scalars=pair_scalars)
     energies = potential(graph)
     if energies.shape != (graph.ntotal,):
         raise ValueError(
@@ -151,13 +162,23 @@ def evaluate(potential: Potential, graph: LocalGraph) -> Evaluation:
 
 
 def _from_pair_terms(
-    graph: LocalGraph, rij: torch.Tensor, pair_energy: torch.Tensor, derivative: torch.Tensor
+    graph: LocalGraph,
+    rij: torch.Tensor,
+    pair_energy: torch.Tensor,
+    derivative: torch.Tensor,
+    scalars: bool,
 ) -> Evaluation:
     """The evaluation of a pair potential from its closed form (``Potential.pair_terms``):
-    receivers are owned atoms (the contract), so every pair's share is owned energy."""
+    receivers are owned atoms (the contract), so every pair's share is owned energy. With
+    ``scalars`` the forces stay one scalar per pair; a finite scalar times a finite ``rij``
+    (checked before) is a finite force, so the scalars' sum is the finiteness check."""
     f64 = torch.float64
     energies = torch.zeros(graph.ntotal, dtype=f64, device=rij.device)
     owned = energies.index_add_(0, graph.pair_i, pair_energy.to(f64))[: graph.nlocal]
-    pair_forces = derivative.to(f64).unsqueeze(1) * rij
+    derivative = derivative.to(f64)
+    if scalars:
+        energy, finite = _energy_and_finite(owned, [derivative])
+        return Evaluation(energy, owned, pair_forces=None, finite=finite, pair_scalars=derivative)
+    pair_forces = derivative.unsqueeze(1) * rij
     energy, finite = _energy_and_finite(owned, [pair_forces])
     return Evaluation(energy, atom_energies=owned, pair_forces=pair_forces, finite=finite)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 #: Bumped with every change of the record's fields or of what ``compute`` returns; the
 #: same number is compiled into the pair style (``STEP_PROTOCOL`` in python_bridge.cpp).
-STEP_PROTOCOL = 2
+STEP_PROTOCOL = 3
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,9 @@ class StepRecord:
         ``pair_forces`` (3 float64 each); pairs may come back in them
     :param want_pairs: per-pair forces wanted back (per-atom virial) even when per-atom
         forces are cheaper
+    :param pair_scalars: ``capacity`` float64 slots for one scalar ``s`` per pair, which
+        the pair style takes instead of ``pair_forces`` as ``fij = s * rij`` (a pair
+        potential's closed form), else ``None``: the pair style takes vectors only
     :param atom_energies: ``nlocal`` float64, written
     :param atom_forces: ``3 * ntotal`` float64, ``-dE/dx`` of every row, when written
     :param collectives: the step's collectives (valid during the call only)
@@ -75,6 +78,7 @@ class StepRecord:
     cell: memoryview | None = None
     periodic: tuple[bool, bool, bool] | None = None
     virial: memoryview | None = None
+    pair_scalars: memoryview | None = None
 
 
 @dataclass(frozen=True)
@@ -86,8 +90,11 @@ class StepResult:
     :param npairs: pairs written back into the slots (``pair_i``, ``pair_j``, ``rij``,
         ``pair_forces``), or 0
     :param atom_forces_written: ``atom_forces`` holds the forces
+    :param pair_scalars_written: the pairs' forces came back as ``pair_scalars`` (``fij =
+        s * rij``), not in ``pair_forces``
     """
 
     energy: float
     npairs: int
     atom_forces_written: bool
+    pair_scalars_written: bool = False

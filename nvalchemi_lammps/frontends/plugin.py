@@ -215,7 +215,11 @@ class PluginSession:
             task=self.task,
             **inputs,
         )
-        result = evaluate(self.potential, graph)
+        # pairs go back: a pair potential's forces as one scalar each, which the pair
+        # style multiplies by rij in its force loop (no (npairs, 3) tensor, no copy of one)
+        pairs_back = filtered or step.want_pairs
+        scalars = pairs_back and step.pair_scalars is not None
+        result = evaluate(self.potential, graph, pair_scalars=scalars)
         phase("model")
         self._stage.download(
             result.atom_energies, _tensor(step.atom_energies, torch.float64, nlocal)
@@ -223,17 +227,23 @@ class PluginSession:
         if step.cell is not None:
             _tensor(step.virial, torch.float64, 6).copy_(result.virial)
         npairs = int(pair_i.shape[0])
-        if filtered or step.want_pairs:
+        if pairs_back:
             if not filtered:
                 _tensor(pair_i_out, torch.int64, npairs).copy_(pair_i)
                 _tensor(pair_j_out, torch.int64, npairs).copy_(pair_j)
                 _tensor(rij_out, torch.float64, npairs, 3).copy_(rij)
-            forces = _tensor(step.pair_forces, torch.float64, npairs, 3)
-            self._stage.download(result.pair_forces, forces)
+            as_scalars = result.pair_scalars is not None
+            if as_scalars:
+                out = _tensor(step.pair_scalars, torch.float64, npairs)
+                self._stage.download(result.pair_scalars, out)
+            else:
+                out = _tensor(step.pair_forces, torch.float64, npairs, 3)
+                self._stage.download(result.pair_forces, out)
             if result.atom_forces is None:
-                return StepResult(_energy(result), npairs, False)
+                return StepResult(_energy(result), npairs, False, as_scalars)
             atom_forces = result.atom_forces
         else:
+            as_scalars = False
             # one row per atom instead of one per pair crosses back to the host
             atom_forces = torch.zeros((ntotal, 3), dtype=torch.float64, device=x.device)
             atom_forces.index_add_(0, pair_i, result.pair_forces)
@@ -243,7 +253,7 @@ class PluginSession:
             npairs = 0
         self._stage.download(atom_forces, _tensor(step.atom_forces, torch.float64, ntotal, 3))
         phase("forces")
-        return StepResult(_energy(result), npairs, True)
+        return StepResult(_energy(result), npairs, True, as_scalars)
 
 
 def _energy(result: Evaluation) -> float:
