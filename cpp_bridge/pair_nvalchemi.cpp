@@ -6,7 +6,10 @@
    with i owned and r_ij < cutoff, and takes back the owned atoms' energies
    and the pair forces fij = +dE/drij, or their sums per atom. Forces on ghost
    atoms are left for LAMMPS's reverse communication (newton pair on), so a
-   multi-rank run equals a single-process one to rounding.
+   multi-rank run equals a single-process one to rounding. A model with
+   symmetric pair terms (Lennard-Jones) gets lj/cut's half list instead, each
+   pair once, gives energies of ghost rows too (folded like their forces) and
+   its forces as one scalar per pair, fij = s * rij, multiplied here.
 
    A model on a GPU gets the pairs only when LAMMPS rebuilds its neighbor list
    (all candidates, skin included) and positions every step: it builds rij and
@@ -82,7 +85,7 @@ class PairCollectives : public Collectives {
 /* ---------------------------------------------------------------------- */
 
 PairNvalchemi::PairNvalchemi(LAMMPS *lmp) :
-    Pair(lmp), session(nullptr), layers(1), shell(0), map(nullptr),
+    Pair(lmp), session(nullptr), layers(1), shell(0), half_pairs(false), map(nullptr),
     compiling(false), compiled_before(0),
     exchange_rows(nullptr), exchange_width(0), exchange_offset(0), exchange_count(0), maxatom(0),
     maxpair(0),
@@ -168,6 +171,7 @@ void PairNvalchemi::compute(int eflag, int vflag)
   step.pair_j = slot_j;
   step.rij = rij;
   step.want_pairs = vflag_either != 0;
+  step.half_pairs = half_pairs;
   if (session->needs_positions()) {
     step.charges = atom->q_flag ? atom->q : nullptr;
     const double *h = domain->h;    // xprd yprd zprd yz xz xy
@@ -212,8 +216,10 @@ void PairNvalchemi::compute(int eflag, int vflag)
     for (int k = 0; k < 6; k++) virial[k] += extra_virial[k];
 
   if (eflag_global) eng_vdwl += result.energy;
+  // on a half list ghost rows carry energy too; LAMMPS folds them into their owners
+  // (newton pair on), as it does lj/cut's
   if (eflag_atom)
-    for (int i = 0; i < nlocal; i++) eatom[i] += atom_energies[i];
+    for (int i = 0; i < (half_pairs ? ntotal : nlocal); i++) eatom[i] += atom_energies[i];
 
   if (vflag_fdotr) virial_fdotr_compute();
 }
@@ -762,9 +768,18 @@ void PairNvalchemi::init_style()
                update->unit_style, session->units());
 
   // full list: every owned atom sees all its neighbors, ghosts included; with
-  // the widened shell, ghosts get lists too
-  neighbor->add_request(this, shell ? NeighConst::REQ_FULL | NeighConst::REQ_GHOST
-                                    : NeighConst::REQ_FULL);
+  // the widened shell, ghosts get lists too. A model with symmetric pair terms takes
+  // lj/cut's half list (each pair once, newton pair on): half the pairs to compute.
+  try {
+    half_pairs = !shell && session->half_pairs();
+  } catch (std::exception &err) {
+    log_traceback(err);
+    error->all(FLERR, "pair_style nvalchemi: {}", err.what());
+  }
+  if (shell)
+    neighbor->add_request(this, NeighConst::REQ_FULL | NeighConst::REQ_GHOST);
+  else
+    neighbor->add_request(this, half_pairs ? NeighConst::REQ_DEFAULT : NeighConst::REQ_FULL);
 }
 
 /* ----------------------------------------------------------------------

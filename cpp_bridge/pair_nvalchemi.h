@@ -56,6 +56,7 @@ class PairNvalchemi : public Pair {
   NvalchemiLammps::PythonSession *session;
   int layers;       // message-passing steps of the model (1 = strictly local)
   int shell;        // 1: ghost shell of layers x cutoff with ghost pairs, no exchange
+  bool half_pairs;  // a half neighbor list: the model takes each pair once (init_style)
   int *map;         // LAMMPS type -> model element index, -1 for NULL
   bool compiling;           // the model runs under torch.compile (keyword compile)
   long compiled_before;     // graphs compiled on this rank before the current run

@@ -435,6 +435,18 @@ std::string PythonSession::set_compile(const std::string &mode)
 
 /* ---------------------------------------------------------------------- */
 
+bool PythonSession::half_pairs()
+{
+  GilLock gil;
+  PyRef half(PyObject_GetAttrString(static_cast<PyObject *>(session_), "half_pairs"));
+  if (!half) raise_python_error("half_pairs: ");
+  const int answer = PyObject_IsTrue(half.get());
+  if (answer < 0) raise_python_error("half_pairs: ");
+  return answer == 1;
+}
+
+/* ---------------------------------------------------------------------- */
+
 PythonSession::CompileStatus PythonSession::compile_status()
 {
   GilLock gil;
@@ -492,7 +504,7 @@ void PythonSession::compute(const Step &step, Result &result, Collectives *colle
   PyRef rij(writable_view(step.rij, sizeof(double) * 3 * slots));
   PyRef pair_forces(writable_view(result.pair_forces, sizeof(double) * 3 * slots));
   PyRef pair_scalars(writable_view(result.pair_scalars, sizeof(double) * slots));
-  PyRef energies(writable_view(result.atom_energies, sizeof(double) * step.nlocal));
+  PyRef energies(writable_view(result.atom_energies, sizeof(double) * n));
   PyRef atom_forces(writable_view(result.atom_forces, sizeof(double) * 3 * n));
   if (!positions || !pair_i || !pair_j || !rij || !pair_forces || !pair_scalars || !energies ||
       !atom_forces)
@@ -536,6 +548,7 @@ void PythonSession::compute(const Step &step, Result &result, Collectives *colle
   put("pair_forces", pair_forces.get());
   put("pair_scalars", pair_scalars.get());
   put("want_pairs", PyBool_FromLong(step.want_pairs));
+  put("half_pairs", PyBool_FromLong(step.half_pairs));
   put("atom_energies", energies.get());
   put("atom_forces", atom_forces.get());
   put("collectives", comm.get());

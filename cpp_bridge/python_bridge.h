@@ -99,6 +99,10 @@ class PythonSession {
   };
   CompileStatus compile_status();
 
+  // the model takes each pair once (a half neighbor list): asked at each init_style,
+  // after the strategy and compile mode are set
+  bool half_pairs();
+
   // the model's tensors live on a GPU: the pair style then keeps pairs there between
   // neighbor-list builds and lets the model build rij and filter the cutoff itself
   bool on_device() const { return on_device_; }
@@ -128,6 +132,8 @@ class PythonSession {
     double *rij;    // 3 per slot
     // per-pair forces wanted back (per-atom virial) even when per-atom forces are cheaper
     bool want_pairs;
+    // the pairs are a half neighbor list (half_pairs()): energies come back for every row
+    bool half_pairs;
     // what a model with needs_positions() reads besides the pairs
     const double *charges;    // ntotal, or nullptr without per-atom charges
     double cell[9];           // lattice vectors as rows
@@ -136,7 +142,7 @@ class PythonSession {
 
   struct Result {
     double energy;             // sum of atom_energies; NaN when any energy or force is not finite
-    double *atom_energies;     // nlocal, written
+    double *atom_energies;     // ntotal slots; nlocal written, ntotal with Step::half_pairs
     double *pair_forces;       // 3 per pair slot: fij = +dE/drij
     // 1 per pair slot: s with fij = s * rij, for a pair potential's closed form; written
     // instead of pair_forces when pair_scalars_written

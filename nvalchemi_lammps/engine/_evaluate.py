@@ -15,7 +15,9 @@ class Evaluation:
 
     :param energy: sum of ``atom_energies`` (this rank's share of the potential energy)
     :param atom_energies: ``(nlocal,)`` float64 energies of the owned atoms, on the
-        potential's device
+        potential's device; ``(ntotal,)`` for a half pair list (``half_pairs``): ghost rows
+        hold their share of pairs counted on this rank, which the front door folds into
+        their owners (LAMMPS's reverse communication of per-atom energies)
     :param pair_forces: ``(npairs, 3)`` float64 ``fij = +dE/drij``, on the potential's
         device; the front door applies ``f[i] += fij`` and ``f[j] -= fij``. ``None`` when
         the front door asked for ``pair_scalars`` and the potential gave them
@@ -62,7 +64,19 @@ def potential_device(potential: Potential) -> torch.device:
     return torch.device("cpu")
 
 
-def evaluate(potential: Potential, graph: LocalGraph, *, pair_scalars: bool = False) -> Evaluation:
+def takes_half_pairs(potential: Potential) -> bool:
+    """A front door may hand ``potential`` each pair once (``evaluate(..., half_pairs=
+    True)``): its pair terms are symmetric and the engine uses them."""
+    return potential.symmetric_pair_terms and not potential.spec.needs_positions
+
+
+def evaluate(
+    potential: Potential,
+    graph: LocalGraph,
+    *,
+    pair_scalars: bool = False,
+    half_pairs: bool = False,
+) -> Evaluation:
     """Run ``potential`` on one rank's graph and differentiate its owned energy.
 
     The front door fills ``graph`` as LAMMPS stores it: ``rij`` (and ``positions``,
@@ -79,7 +93,17 @@ def evaluate(potential: Potential, graph: LocalGraph, *, pair_scalars: bool = Fa
     With ``pair_scalars`` the caller takes a pair potential's forces as one scalar per pair
     (:attr:`Evaluation.pair_scalars`, ``fij = s * rij``) when the potential has a closed
     form; any other potential still returns ``pair_forces``.
+
+    With ``half_pairs`` the graph holds each pair once (a half neighbor list with LAMMPS's
+    newton rule: ``pair_j`` may be a ghost, and a pair between ranks is on one of them
+    only), for a potential that :func:`takes_half_pairs`: each pair is counted for both
+    atoms, and the energies come back for every row (:attr:`Evaluation.atom_energies`).
     """
+    if half_pairs and not takes_half_pairs(potential):
+        raise ValueError(
+            f"potential '{potential.name}' needs every directed pair: its pair terms are not "
+            "declared symmetric (Potential.symmetric_pair_terms), so no half pair list"
+        )
     rij, pair_i, pair_j, nlocal = graph.rij, graph.pair_i, graph.pair_j, graph.nlocal
     if rij.dtype != torch.float64:
         raise TypeError(f"pair vectors must be float64, got {rij.dtype}")
@@ -125,7 +149,11 @@ def evaluate(potential: Potential, graph: LocalGraph, *, pair_scalars: bool = Fa
         with torch.no_grad():
             terms = potential.pair_terms(graph)
         if terms is not None:
-            return _from_pair_terms(graph, leaf.detach(), *terms, scalars=pair_scalars)
+            return _from_pair_terms(graph, leaf.detach(), *terms, pair_scalars, half_pairs)
+        if half_pairs:
+            raise ValueError(
+                f"potential '{potential.name}' declares symmetric pair terms but gave none"
+            )
     energies = potential(graph)
     if energies.shape != (graph.ntotal,):
         raise ValueError(
@@ -167,18 +195,26 @@ def _from_pair_terms(
     pair_energy: torch.Tensor,
     derivative: torch.Tensor,
     scalars: bool,
+    half: bool,
 ) -> Evaluation:
-    """The evaluation of a pair potential from its closed form (``Potential.pair_terms``):
-    receivers are owned atoms (the contract), so every pair's share is owned energy. With
-    ``scalars`` the forces stay one scalar per pair; a finite scalar times a finite ``rij``
-    (checked before) is a finite force, so the scalars' sum is the finiteness check."""
+    """The evaluation of a pair potential from its closed form (``Potential.pair_terms``).
+    Receivers are owned atoms (the contract), so every pair's share is owned energy; on a
+    half list each pair also stands for its reverse, which gives the sender the same share
+    and doubles the force (exactly: a power of two). With ``scalars`` the forces stay one
+    scalar per pair; a finite scalar times a finite ``rij`` (checked before) is a finite
+    force, so the scalars' sum is the finiteness check."""
     f64 = torch.float64
+    pair_energy = pair_energy.to(f64)
     energies = torch.zeros(graph.ntotal, dtype=f64, device=rij.device)
-    owned = energies.index_add_(0, graph.pair_i, pair_energy.to(f64))[: graph.nlocal]
+    energies.index_add_(0, graph.pair_i, pair_energy)
     derivative = derivative.to(f64)
+    if half:
+        energies.index_add_(0, graph.pair_j, pair_energy)
+        derivative = derivative * 2.0
+    rows = energies if half else energies[: graph.nlocal]
     if scalars:
-        energy, finite = _energy_and_finite(owned, [derivative])
-        return Evaluation(energy, owned, pair_forces=None, finite=finite, pair_scalars=derivative)
+        energy, finite = _energy_and_finite(rows, [derivative])
+        return Evaluation(energy, rows, pair_forces=None, finite=finite, pair_scalars=derivative)
     pair_forces = derivative.unsqueeze(1) * rij
-    energy, finite = _energy_and_finite(owned, [pair_forces])
-    return Evaluation(energy, atom_energies=owned, pair_forces=pair_forces, finite=finite)
+    energy, finite = _energy_and_finite(rows, [pair_forces])
+    return Evaluation(energy, atom_energies=rows, pair_forces=pair_forces, finite=finite)

@@ -40,10 +40,15 @@ class StepRecord:
         ``pair_forces`` (3 float64 each); pairs may come back in them
     :param want_pairs: per-pair forces wanted back (per-atom virial) even when per-atom
         forces are cheaper
+    :param half_pairs: the pairs are a half neighbor list (each pair once, LAMMPS's newton
+        rule), asked for because the session's :attr:`~nvalchemi_lammps.frontends.plugin.
+        PluginSession.half_pairs` said so
     :param pair_scalars: ``capacity`` float64 slots for one scalar ``s`` per pair, which
         the pair style takes instead of ``pair_forces`` as ``fij = s * rij`` (a pair
         potential's closed form), else ``None``: the pair style takes vectors only
-    :param atom_energies: ``nlocal`` float64, written
+    :param atom_energies: ``ntotal`` float64 slots; written: the ``nlocal`` owned rows, or
+        with ``half_pairs`` every row (ghost rows go to their owners by LAMMPS's reverse
+        communication, as for ``lj/cut``)
     :param atom_forces: ``3 * ntotal`` float64, ``-dE/dx`` of every row, when written
     :param collectives: the step's collectives (valid during the call only)
     :param charges: ``ntotal`` float64 per-atom charges, for a model that
@@ -79,6 +84,7 @@ class StepRecord:
     periodic: tuple[bool, bool, bool] | None = None
     virial: memoryview | None = None
     pair_scalars: memoryview | None = None
+    half_pairs: bool = False
 
 
 @dataclass(frozen=True)

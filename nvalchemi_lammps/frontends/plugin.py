@@ -22,7 +22,13 @@ from .._elements import map_elements
 from .._model_file import ModelFileWarning, open_model
 from .._torch_blas import blas_library
 from ..contract import REPORT_ENV, LocalGraph, resolve_strategy
-from ..engine import CompiledPotential, Evaluation, compile_potential, evaluate
+from ..engine import (
+    CompiledPotential,
+    Evaluation,
+    compile_potential,
+    evaluate,
+    takes_half_pairs,
+)
 from ._lammps_comm import ExchangePlan, LammpsComm
 from ._step import STEP_PROTOCOL, StepRecord, StepResult
 
@@ -147,6 +153,14 @@ class PluginSession:
     def _compiled(self) -> list[CompiledPotential]:
         return [m for m in self.potential.modules() if isinstance(m, CompiledPotential)]
 
+    @property
+    def half_pairs(self) -> bool:
+        """The pair style may hand each pair once (a half neighbor list, as ``lj/cut``
+        uses): a one-layer model whose pair terms are symmetric
+        (:func:`~nvalchemi_lammps.engine.takes_half_pairs`). Read at each ``init_style``,
+        after ``strategy`` and ``compile`` are set."""
+        return self.layers == 1 and takes_half_pairs(self.potential)
+
     def map_types(self, names: list[str]) -> list[int]:
         return map_elements(names, self.potential.spec.elements)
 
@@ -219,11 +233,10 @@ class PluginSession:
         # style multiplies by rij in its force loop (no (npairs, 3) tensor, no copy of one)
         pairs_back = filtered or step.want_pairs
         scalars = pairs_back and step.pair_scalars is not None
-        result = evaluate(self.potential, graph, pair_scalars=scalars)
+        result = evaluate(self.potential, graph, pair_scalars=scalars, half_pairs=step.half_pairs)
         phase("model")
-        self._stage.download(
-            result.atom_energies, _tensor(step.atom_energies, torch.float64, nlocal)
-        )
+        rows = ntotal if step.half_pairs else nlocal  # energies of ghosts on a half list
+        self._stage.download(result.atom_energies, _tensor(step.atom_energies, torch.float64, rows))
         if step.cell is not None:
             _tensor(step.virial, torch.float64, 6).copy_(result.virial)
         npairs = int(pair_i.shape[0])

@@ -55,6 +55,9 @@ class LennardJones(Potential):
     """
 
     name = "lennard_jones"
+    # eps, sig and cutoff of the unordered element pair, a function of |rij|: lj/cut's
+    # half neighbor list works as well
+    symmetric_pair_terms = True
 
     def __init__(
         self,
