@@ -172,6 +172,9 @@ void PairNvalchemi::compute(int eflag, int vflag)
   step.rij = rij;
   step.want_pairs = vflag_either != 0;
   step.half_pairs = half_pairs;
+  step.want_atom_energies = eflag_atom != 0;
+  // energies the model may leave unwritten read as zeros if stop_nonfinite() looks
+  if (!eflag_atom) std::fill(atom_energies, atom_energies + nlocal, 0.0);
   if (session->needs_positions()) {
     step.charges = atom->q_flag ? atom->q : nullptr;
     const double *h = domain->h;    // xprd yprd zprd yz xz xy

@@ -549,6 +549,7 @@ void PythonSession::compute(const Step &step, Result &result, Collectives *colle
   put("pair_scalars", pair_scalars.get());
   put("want_pairs", PyBool_FromLong(step.want_pairs));
   put("half_pairs", PyBool_FromLong(step.half_pairs));
+  put("want_atom_energies", PyBool_FromLong(step.want_atom_energies));
   put("atom_energies", energies.get());
   put("atom_forces", atom_forces.get());
   put("collectives", comm.get());

@@ -134,6 +134,8 @@ class PythonSession {
     bool want_pairs;
     // the pairs are a half neighbor list (half_pairs()): energies come back for every row
     bool half_pairs;
+    // per-atom energies wanted (eflag_atom); else Result::atom_energies may stay unwritten
+    bool want_atom_energies;
     // what a model with needs_positions() reads besides the pairs
     const double *charges;    // ntotal, or nullptr without per-atom charges
     double cell[9];           // lattice vectors as rows

@@ -17,7 +17,9 @@ class Evaluation:
     :param atom_energies: ``(nlocal,)`` float64 energies of the owned atoms, on the
         potential's device; ``(ntotal,)`` for a half pair list (``half_pairs``): ghost rows
         hold their share of pairs counted on this rank, which the front door folds into
-        their owners (LAMMPS's reverse communication of per-atom energies)
+        their owners (LAMMPS's reverse communication of per-atom energies). ``None`` when
+        the front door did not ask for them (``atom_energies=False``) and a closed form
+        (``pair_terms``) gave the energy without them
     :param pair_forces: ``(npairs, 3)`` float64 ``fij = +dE/drij``, on the potential's
         device; the front door applies ``f[i] += fij`` and ``f[j] -= fij``. ``None`` when
         the front door asked for ``pair_scalars`` and the potential gave them
@@ -37,7 +39,7 @@ class Evaluation:
     """
 
     energy: float
-    atom_energies: torch.Tensor
+    atom_energies: torch.Tensor | None
     pair_forces: torch.Tensor | None
     atom_forces: torch.Tensor | None = None
     virial: torch.Tensor | None = None
@@ -76,6 +78,7 @@ def evaluate(
     *,
     pair_scalars: bool = False,
     half_pairs: bool = False,
+    atom_energies: bool = True,
 ) -> Evaluation:
     """Run ``potential`` on one rank's graph and differentiate its owned energy.
 
@@ -98,6 +101,9 @@ def evaluate(
     newton rule: ``pair_j`` may be a ghost, and a pair between ranks is on one of them
     only), for a potential that :func:`takes_half_pairs`: each pair is counted for both
     atoms, and the energies come back for every row (:attr:`Evaluation.atom_energies`).
+
+    Without ``atom_energies`` (LAMMPS asks for them on few steps) a closed form gives the
+    energy alone, without scattering the pairs' shares onto atoms.
     """
     if half_pairs and not takes_half_pairs(potential):
         raise ValueError(
@@ -149,7 +155,9 @@ def evaluate(
         with torch.no_grad():
             terms = potential.pair_terms(graph)
         if terms is not None:
-            return _from_pair_terms(graph, leaf.detach(), *terms, pair_scalars, half_pairs)
+            return _from_pair_terms(
+                graph, leaf.detach(), *terms, pair_scalars, half_pairs, atom_energies
+            )
         if half_pairs:
             raise ValueError(
                 f"potential '{potential.name}' declares symmetric pair terms but gave none"
@@ -196,25 +204,36 @@ def _from_pair_terms(
     derivative: torch.Tensor,
     scalars: bool,
     half: bool,
+    per_atom: bool,
 ) -> Evaluation:
     """The evaluation of a pair potential from its closed form (``Potential.pair_terms``).
     Receivers are owned atoms (the contract), so every pair's share is owned energy; on a
     half list each pair also stands for its reverse, which gives the sender the same share
     and doubles the force (exactly: a power of two). With ``scalars`` the forces stay one
     scalar per pair; a finite scalar times a finite ``rij`` (checked before) is a finite
-    force, so the scalars' sum is the finiteness check."""
+    force, so the scalars' sum is the finiteness check. Without ``per_atom`` the energy is
+    the shares' sum (twice it on a half list)."""
     f64 = torch.float64
     pair_energy = pair_energy.to(f64)
-    energies = torch.zeros(graph.ntotal, dtype=f64, device=rij.device)
-    energies.index_add_(0, graph.pair_i, pair_energy)
     derivative = derivative.to(f64)
     if half:
-        energies.index_add_(0, graph.pair_j, pair_energy)
         derivative = derivative * 2.0
-    rows = energies if half else energies[: graph.nlocal]
-    if scalars:
-        energy, finite = _energy_and_finite(rows, [derivative])
-        return Evaluation(energy, rows, pair_forces=None, finite=finite, pair_scalars=derivative)
-    pair_forces = derivative.unsqueeze(1) * rij
-    energy, finite = _energy_and_finite(rows, [pair_forces])
-    return Evaluation(energy, atom_energies=rows, pair_forces=pair_forces, finite=finite)
+    rows = None
+    if per_atom:
+        energies = torch.zeros(graph.ntotal, dtype=f64, device=rij.device)
+        energies.index_add_(0, graph.pair_i, pair_energy)
+        if half:
+            energies.index_add_(0, graph.pair_j, pair_energy)
+        rows = energies if half else energies[: graph.nlocal]
+    pair_forces = None if scalars else derivative.unsqueeze(1) * rij
+    summed = pair_energy if rows is None else rows
+    energy, finite = _energy_and_finite(summed, [derivative if scalars else pair_forces])
+    if rows is None and half:
+        energy *= 2.0  # each share stands for both atoms' (exact: a power of two)
+    return Evaluation(
+        energy,
+        atom_energies=rows,
+        pair_forces=pair_forces,
+        finite=finite,
+        pair_scalars=derivative if scalars else None,
+    )

@@ -43,6 +43,8 @@ class StepRecord:
     :param half_pairs: the pairs are a half neighbor list (each pair once, LAMMPS's newton
         rule), asked for because the session's :attr:`~nvalchemi_lammps.frontends.plugin.
         PluginSession.half_pairs` said so
+    :param want_atom_energies: per-atom energies wanted (``compute pe/atom``); else
+        ``atom_energies`` may be left unwritten
     :param pair_scalars: ``capacity`` float64 slots for one scalar ``s`` per pair, which
         the pair style takes instead of ``pair_forces`` as ``fij = s * rij`` (a pair
         potential's closed form), else ``None``: the pair style takes vectors only
@@ -85,6 +87,7 @@ class StepRecord:
     virial: memoryview | None = None
     pair_scalars: memoryview | None = None
     half_pairs: bool = False
+    want_atom_energies: bool = True
 
 
 @dataclass(frozen=True)

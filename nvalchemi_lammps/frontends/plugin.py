@@ -233,10 +233,18 @@ class PluginSession:
         # style multiplies by rij in its force loop (no (npairs, 3) tensor, no copy of one)
         pairs_back = filtered or step.want_pairs
         scalars = pairs_back and step.pair_scalars is not None
-        result = evaluate(self.potential, graph, pair_scalars=scalars, half_pairs=step.half_pairs)
+        result = evaluate(
+            self.potential,
+            graph,
+            pair_scalars=scalars,
+            half_pairs=step.half_pairs,
+            atom_energies=step.want_atom_energies,
+        )
         phase("model")
-        rows = ntotal if step.half_pairs else nlocal  # energies of ghosts on a half list
-        self._stage.download(result.atom_energies, _tensor(step.atom_energies, torch.float64, rows))
+        if result.atom_energies is not None:
+            rows = ntotal if step.half_pairs else nlocal  # ghosts' energies on a half list
+            out = _tensor(step.atom_energies, torch.float64, rows)
+            self._stage.download(result.atom_energies, out)
         if step.cell is not None:
             _tensor(step.virial, torch.float64, 6).copy_(result.virial)
         npairs = int(pair_i.shape[0])
