@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -310,6 +311,7 @@ def bench_lj(args: argparse.Namespace, tmp: Path) -> list[dict]:
     rows = []
     for ranks in args.ranks:
         samples: dict[str, list[float]] = {name: [] for name in styles}
+        cpu: dict[str, list[float]] = {name: [] for name in styles}
         for rep in range(args.repeats):
             for name, (pair, build) in styles.items():  # alternate: side by side
                 lmp, env = build or (None, {})
@@ -319,13 +321,35 @@ def bench_lj(args: argparse.Namespace, tmp: Path) -> list[dict]:
                 run = run_lammps(script, ranks, workdir, env=env, lmp=lmp).check()
                 timing = parse_timing(run.output)
                 samples[name].append(1e3 * timing["loop"] / timing["steps"])
-                print(f"LJ {ranks} ranks {name} rep {rep}: {samples[name][-1]:.2f} ms/step")
-        medians = {name: statistics.median(s) for name, s in samples.items()}
-        rows.append({"atoms": 4 * args.cells**3, "ranks": ranks, "ms": medians, "samples": samples})
+                cpu[name].append(samples[name][-1] * cpu_share(run.output))
+                print(
+                    f"LJ {ranks} ranks {name} rep {rep}: {samples[name][-1]:.2f} ms/step, "
+                    f"{cpu[name][-1]:.2f} CPU ms/step"
+                )
+        rows.append(
+            {
+                "atoms": 4 * args.cells**3,
+                "ranks": ranks,
+                "ms": {name: statistics.median(s) for name, s in samples.items()},
+                "samples": samples,
+                "cpu_ms": {name: statistics.median(s) for name, s in cpu.items()},
+                "cpu_samples": cpu,
+            }
+        )
     return rows
 
 
-def lj_table(rows: list[dict]) -> str:
+def cpu_share(output: str) -> float:
+    """The share of the loop's wall time the ranks ran on a core (LAMMPS's ``% CPU use``
+    of the last run): loop time times this is CPU time, which other processes on the
+    machine inflate far less than wall time."""
+    shares = re.findall(r"([\d.]+)% CPU use with", output)
+    if not shares:
+        raise ValueError("no '% CPU use' line in the LAMMPS output")
+    return float(shares[-1]) / 100.0
+
+
+def lj_table(rows: list[dict], key: str = "ms") -> str:
     names = list(rows[0]["ms"])
     reference = {name: "lj/cut" for name in ("nvalchemi", "nvalchemi baseline") if name in names}
     for name in names:  # the ML-IAP build's styles against its own lj/cut
@@ -335,7 +359,7 @@ def lj_table(rows: list[dict]) -> str:
     head += " | " + " | ".join(f"{n} / {ref}" for n, ref in reference.items()) + " |"
     lines = [head, "|" + "---:|" * (2 + len(names) + len(reference))]
     for r in rows:
-        ms = r["ms"]
+        ms = r[key]
         cells = [f"{ms[n]:.2f}" for n in names]
         cells += [f"{ms[n] / ms[ref]:.1f}x" for n, ref in reference.items()]
         lines.append(f"| {r['atoms']:,} | {r['ranks']} | " + " | ".join(cells) + " |")
@@ -382,7 +406,8 @@ def main(argv: list[str] | None = None) -> None:
             table = mace_table(rows)
         else:
             rows = bench_lj(args, Path(tmp))
-            table = lj_table(rows)
+            table = lj_table(rows) + "\n\nCPU time (loop time x % CPU use):\n\n"
+            table += lj_table(rows, "cpu_ms")
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"bench_step_vs_model_{args.what}{args.tag}"
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
