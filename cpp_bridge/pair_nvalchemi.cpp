@@ -796,9 +796,10 @@ void PairNvalchemi::init_style()
 
   // full list: every owned atom sees all its neighbors, ghosts included; with
   // the widened shell, ghosts get lists too. A model with symmetric pair terms takes
-  // lj/cut's half list (each pair once, newton pair on): half the pairs to compute.
+  // lj/cut's half list (each pair once, newton pair on): half the pairs to compute. A
+  // KOKKOS variant (kokkosable) builds its graphs from full lists with its own door.
   try {
-    half_pairs = !shell && session->half_pairs();
+    half_pairs = !shell && !kokkosable && session->half_pairs();
   } catch (std::exception &err) {
     log_traceback(err);
     error->all(FLERR, "pair_style nvalchemi: {}", err.what());

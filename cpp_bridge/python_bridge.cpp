@@ -503,7 +503,10 @@ void PythonSession::compute(const Step &step, Result &result, Collectives *colle
   PyRef pair_j(writable_view(step.pair_j, sizeof(int64_t) * slots));
   PyRef rij(writable_view(step.rij, sizeof(double) * 3 * slots));
   PyRef pair_forces(writable_view(result.pair_forces, sizeof(double) * 3 * slots));
-  PyRef pair_scalars(writable_view(result.pair_scalars, sizeof(double) * slots));
+  // no scalar slots (a caller that predates them): the model gives pair force vectors
+  PyRef pair_scalars(result.pair_scalars
+                         ? writable_view(result.pair_scalars, sizeof(double) * slots)
+                         : Py_NewRef(Py_None));
   PyRef energies(writable_view(result.atom_energies, sizeof(double) * n));
   PyRef atom_forces(writable_view(result.atom_forces, sizeof(double) * 3 * n));
   if (!positions || !pair_i || !pair_j || !rij || !pair_forces || !pair_scalars || !energies ||
