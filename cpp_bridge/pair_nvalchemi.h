@@ -56,6 +56,7 @@ class PairNvalchemi : public Pair {
   NvalchemiLammps::PythonSession *session;
   int layers;       // message-passing steps of the model (1 = strictly local)
   int shell;        // 1: ghost shell of layers x cutoff with ghost pairs, no exchange
+  bool half_pairs;  // a half neighbor list: the model takes each pair once (init_style)
   int *map;         // LAMMPS type -> model element index, -1 for NULL
   bool compiling;           // the model runs under torch.compile (keyword compile)
   long compiled_before;     // graphs compiled on this rank before the current run
@@ -80,6 +81,7 @@ class PairNvalchemi : public Pair {
   int topology_ntotal;    // rows at that build, -1 before the first
   bigint *pair_i, *pair_j;
   double *rij, *pair_forces, *atom_energies;
+  double *pair_scalars;       // 1 per pair: fij = s * rij (a pair potential's closed form)
   double *atom_forces;        // 3 per owned and ghost atom, from non-pairwise terms
   double extra_virial[6];     // their virial beyond f.r
 
@@ -87,8 +89,9 @@ class PairNvalchemi : public Pair {
 
   void allocate();
   void check_same_model();
-  void stop_nonfinite(int npairs, bool atom_forces_written, const bigint *slot_i,
+  void stop_nonfinite(int npairs, bool atom_forces_written, bool scalars, const bigint *slot_i,
                       const bigint *slot_j);
+  void apply_pair_forces(int npairs, bool scalars, const bigint *slot_i, const bigint *slot_j);
   void log_traceback(const std::exception &err);
   static std::string with_type(const std::exception &err);
   void grow_buffers(int natoms, int npairs);

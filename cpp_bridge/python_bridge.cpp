@@ -22,7 +22,7 @@ constexpr const char *FRONTEND_MODULE = "nvalchemi_lammps.frontends.plugin";
 constexpr const char *TORCH_BLAS_MODULE = "nvalchemi_lammps._torch_blas";
 // The step record's version (STEP_PROTOCOL in nvalchemi_lammps/frontends/_step.py): bumped
 // on both sides with every change of its fields
-constexpr long STEP_PROTOCOL = 2;
+constexpr long STEP_PROTOCOL = 3;
 
 std::string fmt_protocol_mismatch(long python_protocol)
 {
@@ -435,6 +435,18 @@ std::string PythonSession::set_compile(const std::string &mode)
 
 /* ---------------------------------------------------------------------- */
 
+bool PythonSession::half_pairs()
+{
+  GilLock gil;
+  PyRef half(PyObject_GetAttrString(static_cast<PyObject *>(session_), "half_pairs"));
+  if (!half) raise_python_error("half_pairs: ");
+  const int answer = PyObject_IsTrue(half.get());
+  if (answer < 0) raise_python_error("half_pairs: ");
+  return answer == 1;
+}
+
+/* ---------------------------------------------------------------------- */
+
 PythonSession::CompileStatus PythonSession::compile_status()
 {
   GilLock gil;
@@ -491,9 +503,14 @@ void PythonSession::compute(const Step &step, Result &result, Collectives *colle
   PyRef pair_j(writable_view(step.pair_j, sizeof(int64_t) * slots));
   PyRef rij(writable_view(step.rij, sizeof(double) * 3 * slots));
   PyRef pair_forces(writable_view(result.pair_forces, sizeof(double) * 3 * slots));
-  PyRef energies(writable_view(result.atom_energies, sizeof(double) * step.nlocal));
+  // no scalar slots (a caller that predates them): the model gives pair force vectors
+  PyRef pair_scalars(result.pair_scalars
+                         ? writable_view(result.pair_scalars, sizeof(double) * slots)
+                         : Py_NewRef(Py_None));
+  PyRef energies(writable_view(result.atom_energies, sizeof(double) * n));
   PyRef atom_forces(writable_view(result.atom_forces, sizeof(double) * 3 * n));
-  if (!positions || !pair_i || !pair_j || !rij || !pair_forces || !energies || !atom_forces)
+  if (!positions || !pair_i || !pair_j || !rij || !pair_forces || !pair_scalars || !energies ||
+      !atom_forces)
     raise_python_error("");
 
   // the step record (frontends/_step.py, StepRecord), field by field, by name
@@ -525,14 +542,17 @@ void PythonSession::compute(const Step &step, Result &result, Collectives *colle
   put("npairs", PyLong_FromLong(step.npairs));
   put("filtered", PyBool_FromLong(step.filtered));
   put("capacity", PyLong_FromLong(step.capacity));
-  for (PyObject *view : {pair_i.get(), pair_j.get(), rij.get(), pair_forces.get(), energies.get(),
-                         atom_forces.get(), comm.get()})
+  for (PyObject *view : {pair_i.get(), pair_j.get(), rij.get(), pair_forces.get(),
+                         pair_scalars.get(), energies.get(), atom_forces.get(), comm.get()})
     Py_INCREF(view);
   put("pair_i", pair_i.get());
   put("pair_j", pair_j.get());
   put("rij", rij.get());
   put("pair_forces", pair_forces.get());
+  put("pair_scalars", pair_scalars.get());
   put("want_pairs", PyBool_FromLong(step.want_pairs));
+  put("half_pairs", PyBool_FromLong(step.half_pairs));
+  put("want_atom_energies", PyBool_FromLong(step.want_atom_energies));
   put("atom_energies", energies.get());
   put("atom_forces", atom_forces.get());
   put("collectives", comm.get());
@@ -554,8 +574,10 @@ void PythonSession::compute(const Step &step, Result &result, Collectives *colle
   PyRef energy(PyObject_GetAttrString(out.get(), "energy"));
   PyRef npairs(PyObject_GetAttrString(out.get(), "npairs"));
   PyRef written(PyObject_GetAttrString(out.get(), "atom_forces_written"));
-  if (!energy || !npairs || !written)
-    raise_python_error("compute must return a StepResult (energy, npairs, atom_forces_written): ");
+  PyRef scalars(PyObject_GetAttrString(out.get(), "pair_scalars_written"));
+  if (!energy || !npairs || !written || !scalars)
+    raise_python_error("compute must return a StepResult (energy, npairs, atom_forces_written, "
+                       "pair_scalars_written): ");
   result.energy = PyFloat_AsDouble(energy.get());
   const long back = PyLong_AsLong(npairs.get());
   if (PyErr_Occurred()) raise_python_error("");
@@ -563,6 +585,7 @@ void PythonSession::compute(const Step &step, Result &result, Collectives *colle
     throw PythonError("compute returned more pairs than there are slots");
   result.npairs = static_cast<int>(back);
   result.atom_forces_written = PyObject_IsTrue(written.get()) == 1;
+  result.pair_scalars_written = PyObject_IsTrue(scalars.get()) == 1;
 }
 
 /* ---------------------------------------------------------------------- */

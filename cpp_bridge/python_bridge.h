@@ -102,6 +102,10 @@ class PythonSession {
   };
   CompileStatus compile_status();
 
+  // the model takes each pair once (a half neighbor list): asked at each init_style,
+  // after the strategy and compile mode are set
+  bool half_pairs();
+
   // the model's tensors live on a GPU: the pair style then keeps pairs there between
   // neighbor-list builds and lets the model build rij and filter the cutoff itself
   bool on_device() const { return on_device_; }
@@ -131,6 +135,10 @@ class PythonSession {
     double *rij;    // 3 per slot
     // per-pair forces wanted back (per-atom virial) even when per-atom forces are cheaper
     bool want_pairs;
+    // the pairs are a half neighbor list (half_pairs()): energies come back for every row
+    bool half_pairs;
+    // per-atom energies wanted (eflag_atom); else Result::atom_energies may stay unwritten
+    bool want_atom_energies;
     // what a model with needs_positions() reads besides the pairs
     const double *charges;    // ntotal, or nullptr without per-atom charges
     double cell[9];           // lattice vectors as rows
@@ -139,8 +147,12 @@ class PythonSession {
 
   struct Result {
     double energy;             // sum of atom_energies; NaN when any energy or force is not finite
-    double *atom_energies;     // nlocal, written
+    double *atom_energies;     // ntotal slots; nlocal written, ntotal with Step::half_pairs
     double *pair_forces;       // 3 per pair slot: fij = +dE/drij
+    // 1 per pair slot: s with fij = s * rij, for a pair potential's closed form; written
+    // instead of pair_forces when pair_scalars_written
+    double *pair_scalars;
+    bool pair_scalars_written;
     int npairs;                // pairs written back (pair_i, pair_j, rij, pair_forces), or 0
     double *atom_forces;       // 3*ntotal: -dE/dx of owned and ghost rows, when written
     bool atom_forces_written;

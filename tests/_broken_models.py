@@ -1,5 +1,5 @@
 """Deliberately broken models, for the tests of ``nvalchemi-lammps validate`` and of how
-the pair style fails.
+the pair style fails, and test-only variants of working ones (a path no shipped model takes).
 
 :class:`UnderdeclaredMessagePassing` runs every layer of
 :class:`~nvalchemi_lammps.MessagePassing` but its spec declares fewer (``declared_layers``),
@@ -70,6 +70,7 @@ class NonFiniteLennardJones(LennardJones):
     index into ``elements``) from its ``from_call``-th evaluation on (0: the first)."""
 
     name = "test_non_finite_lennard_jones"
+    symmetric_pair_terms = False  # no pair terms at all (below)
 
     def __init__(self, *args: Any, poisoned: int = 1, from_call: int = 0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -91,12 +92,23 @@ class NonFiniteLennardJones(LennardJones):
 
 
 @register_potential
+class DirectedPairsLennardJones(LennardJones):
+    """:class:`LennardJones` with its closed form but without declaring it symmetric: the
+    pair style then hands it every directed pair (a full list) and takes one scalar per
+    pair back, the path of a pair potential whose share depends on the direction."""
+
+    name = "test_directed_pairs_lennard_jones"
+    symmetric_pair_terms = False
+
+
+@register_potential
 class ExitingLennardJones(LennardJones):
     """:class:`LennardJones` that raises ``SystemExit(3)`` (``exit``) or
     ``KeyboardInterrupt`` (``interrupt``) in its evaluation, on the MPI rank
     ``failing_rank`` only (MPICH's ``PMI_RANK``) or on every rank (-1)."""
 
     name = "test_exiting_lennard_jones"
+    symmetric_pair_terms = False  # no pair terms at all (below)
 
     def __init__(
         self, *args: Any, raises: str = "exit", failing_rank: int = -1, **kwargs: Any

@@ -3,6 +3,7 @@ single-process reference once ghost forces are folded into their owners."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -272,3 +273,94 @@ def test_energies_shape_is_checked(rows):
     message = f"potential 'test_wrong_shape' returned energies of shape ({rows},), wanted (2,)"
     with pytest.raises(ValueError, match=re.escape(message)):
         evaluate(WrongShape(rows), LocalGraph(1, species, pi, pj, rij))
+
+
+def _half(graph, keep: np.ndarray):
+    """``graph`` with only the pairs in ``keep``."""
+    return dataclasses.replace(
+        graph, pair_i=graph.pair_i[keep], pair_j=graph.pair_j[keep], rij=graph.rij[keep]
+    )
+
+
+def _half_list(graph) -> np.ndarray:
+    """Which directed pairs of a rank's full list a half list keeps, each pair once over all
+    ranks, as LAMMPS's newton rule does: the pair whose receiver has the lower atom ID (for
+    an atom and its own periodic image, the image with the positive ``rij``)."""
+    gi, gj = graph.owner[graph.pair_i], graph.owner[graph.pair_j]
+    dx, dy, dz = graph.rij.T
+    positive = (dx > 0) | ((dx == 0) & ((dy > 0) | ((dy == 0) & (dz > 0))))
+    return (gi < gj) | ((gi == gj) & positive)
+
+
+@pytest.mark.parametrize(("system", "nranks", "nslabs"), SPLITS, ids=SPLIT_IDS)
+def test_half_pairs_reproduce_reference(system, nranks, nslabs):
+    """A pair potential with symmetric pair terms on a half list (each pair once over all
+    ranks, ghost senders included): the engine counts each pair for both atoms, the
+    energies of ghost rows and the forces folded into their owners give the reference."""
+    potential = lennard_jones(system)
+    ref = evaluate_reference(potential, system.positions, system.cell, system.pbc, system.species)
+    graphs = [
+        _half(g, _half_list(g)) for g in decompose(system, potential.spec.cutoff, nranks, nslabs)
+    ]
+    energies = np.zeros(system.natoms)
+    rows, pair_forces, partial = [], [], 0.0
+    for g in graphs:
+        result = evaluate(potential, g.local_graph(), pair_scalars=True, half_pairs=True)
+        assert result.pair_forces is None
+        assert result.atom_energies.shape == (g.ntotal,)  # ghost rows too
+        np.add.at(energies, g.owner, result.atom_energies.numpy())
+        pair_forces.append(result.pair_scalars.numpy()[:, None] * g.rij)
+        rows.append(np.zeros(g.nlocal))
+        partial += result.energy
+    got = gather(system, graphs, rows, pair_forces)
+    assert energies.sum() == pytest.approx(partial, rel=1e-14)
+    assert partial == pytest.approx(ref.energy, rel=1e-12)
+    _close(energies, ref.atom_energies)
+    _close(got.forces, ref.forces)
+    _close(got.virial, ref.virial)
+    _close(got.atom_virials, ref.atom_virials)
+
+
+def test_pair_scalars_are_the_pair_forces():
+    """Asked for scalars, a potential with a closed form gives ``s`` with ``fij = s * rij``
+    exactly (the same product); one without (the many-body test potential) still gives
+    pair forces."""
+    system = triclinic_ar_ne()
+    g = decompose(system, 8.5, 2)[0]
+    potential = lennard_jones(system)
+    vectors = evaluate(potential, g.local_graph())
+    scalars = evaluate(potential, g.local_graph(), pair_scalars=True)
+    assert vectors.pair_scalars is None and scalars.pair_forces is None
+    assert torch.equal(
+        scalars.pair_scalars.unsqueeze(1) * torch.from_numpy(g.rij), vectors.pair_forces
+    )
+    assert torch.equal(scalars.atom_energies, vectors.atom_energies)
+    many_body = evaluate(Embedding(), g.local_graph(), pair_scalars=True)
+    assert many_body.pair_scalars is None and many_body.pair_forces.shape == (len(g.pair_i), 3)
+
+
+def test_half_pairs_need_symmetric_pair_terms():
+    """A half list is refused for a potential that does not declare symmetric pair terms,
+    and for one that declares them but gives none."""
+    g = decompose(fcc_argon_222(), 6.0, 1)[0].local_graph()
+    with pytest.raises(ValueError, match=re.escape("needs every directed pair")):
+        evaluate(Embedding(), g, half_pairs=True)
+    potential = lennard_jones(fcc_argon_222())
+    potential.pair_terms = lambda graph: None
+    with pytest.raises(ValueError, match=re.escape("declares symmetric pair terms but gave none")):
+        evaluate(potential, g, half_pairs=True)
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["directed", "half"])
+def test_energy_without_atom_energies(half):
+    """Not asked for per-atom energies, a closed form gives the same energy (the shares'
+    sum, twice it on a half list) and no per-atom energies; forces unchanged."""
+    system = triclinic_ar_ne()
+    g = decompose(system, 8.5, 2)[0]
+    graph = (_half(g, _half_list(g)) if half else g).local_graph()
+    potential = lennard_jones(system)
+    full = evaluate(potential, graph, pair_scalars=True, half_pairs=half)
+    bare = evaluate(potential, graph, pair_scalars=True, half_pairs=half, atom_energies=False)
+    assert bare.atom_energies is None and full.atom_energies is not None
+    assert bare.energy == pytest.approx(full.energy, rel=1e-14)
+    assert torch.equal(bare.pair_scalars, full.pair_scalars)

@@ -233,12 +233,18 @@ def comparison_script(system: System, data: Path, model: Path, nprocs: int) -> s
     )
 
 
-@pytest.mark.parametrize("nprocs", NPROCS, ids=lambda n: f"np{n}")
-@pytest.mark.parametrize("system", SYSTEMS, ids=lambda s: s.id)
-def test_plugin_matches_lj_cut(system, nprocs, argon_data, models, tmp_path):
-    script = comparison_script(system, argon_data, models[system.model], nprocs)
-    run = run_lammps(script, nprocs, tmp_path, timeout=600).check()
+def _plugin_list(output: str) -> str:
+    """The attributes of the neighbor list LAMMPS built for the plugin (``half, newton on``
+    or ``full, newton on``), from its neighbor-list summary."""
+    lines = output.splitlines()
+    for k, line in enumerate(lines):
+        if "pair nvalchemi, perpetual" in line:
+            return lines[k + 1].strip()
+    raise AssertionError("no neighbor list of pair nvalchemi in the output")
 
+
+def _compare(system: System, nprocs: int, run, tmp_path: Path) -> None:
+    """The plugin's dump and thermo against lj/cut's, per atom by ID and globally."""
     ref = read_dump(tmp_path / "reference.dump")
     got = read_dump(tmp_path / "plugin.dump")
     assert_same_atoms(got, ref, ARGON_ATOMS)
@@ -253,8 +259,41 @@ def test_plugin_matches_lj_cut(system, nprocs, argon_data, models, tmp_path):
         pairs[quantity] = (stack(got_global, names), stack(ref_global, names))
     assert_all_close(f"{system.id}/np{nprocs}", pairs)
 
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=lambda n: f"np{n}")
+@pytest.mark.parametrize("system", SYSTEMS, ids=lambda s: s.id)
+def test_plugin_matches_lj_cut(system, nprocs, argon_data, models, tmp_path):
+    script = comparison_script(system, argon_data, models[system.model], nprocs)
+    run = run_lammps(script, nprocs, tmp_path, timeout=600).check()
+    # symmetric pair terms: lj/cut's half list, each pair once, ghost energies folded
+    assert _plugin_list(run.output).startswith("attributes: half")
+    _compare(system, nprocs, run, tmp_path)
+
     if system.processors and nprocs > 1:
         # the plugin's run (the last summary) really had a rank without atoms
         assert atoms_per_rank(run.output, "Nlocal")[-1][0] == 0
         if nprocs == 4:
             assert atoms_per_rank(run.output, "Nghost")[-1][0] == 0
+
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=lambda n: f"np{n}")
+def test_directed_pair_scalars_match_lj_cut(nprocs, argon_data, tmp_path):
+    """A pair potential with a closed form not declared symmetric gets every directed pair
+    (a full list) and gives one force scalar per pair, which the pair style multiplies by
+    rij: as exact as the half list. Triclinic, so that no component of rij is special."""
+    from _broken_models import DirectedPairsLennardJones, importable_in_lammps
+
+    from nvalchemi_lammps import save_model
+
+    model = save_model(
+        DirectedPairsLennardJones(
+            elements=["Ar"], epsilon={"Ar": AR_EPSILON}, sigma={"Ar": AR_SIGMA}, cutoff=CUTOFF
+        ),
+        tmp_path / "directed.pt",
+    )
+    system = next(s for s in SYSTEMS if s.id == "triclinic")
+    script = comparison_script(system, argon_data, model, nprocs)
+    env = {"PYTHONPATH": importable_in_lammps(tmp_path / "site")}
+    run = run_lammps(script, nprocs, tmp_path, timeout=600, env=env).check()
+    assert _plugin_list(run.output).startswith("attributes: full")
+    _compare(system, nprocs, run, tmp_path)

@@ -434,6 +434,7 @@ def test_no_allreduce():
 #: one the plugin embeds) to save what each rank saw and returned, and the atom IDs.
 DRIVER = textwrap.dedent(
     """\
+    import dataclasses
     import sys
     import numpy as np
     import lammps
@@ -456,17 +457,25 @@ DRIVER = textwrap.dedent(
             pair_j=np.frombuffer(step.pair_j, np.int64, count=npairs).copy(),
             rij=np.frombuffer(step.rij, np.float64, count=3 * npairs).reshape(-1, 3).copy(),
         )
-        result = compute(self, step)
+        # per-atom energies every step, also without compute pe/atom in the input
+        result = compute(self, dataclasses.replace(step, want_atom_energies=True))
+        rij = saved["rij"]
+        if result.pair_scalars_written:  # a closed form: fij = s * rij
+            scalars = np.frombuffer(step.pair_scalars, np.float64, count=npairs)
+            fij = scalars[:, None] * rij
+        else:
+            fij = np.frombuffer(step.pair_forces, np.float64, count=3 * npairs).reshape(-1, 3)
         saved.update(
             energy=result.energy,
-            atom_energies=np.frombuffer(step.atom_energies, np.float64).copy(),
-            pair_forces=np.frombuffer(step.pair_forces, np.float64, count=3 * npairs)
-            .reshape(-1, 3).copy(),
+            atom_energies=np.frombuffer(step.atom_energies, np.float64)[: step.nlocal].copy(),
+            pair_forces=fij.copy(),
         )
         seen.append(saved)
         return result
 
     plugin.PluginSession.compute = recording
+    # every directed pair, as ML-IAP has them: no half list for symmetric pair terms
+    plugin.PluginSession.half_pairs = property(lambda self: False)
     lmp.command(f"plugin load {plugin_path()}")
     for command in ["units metal", "atom_style atomic", "atom_modify map array", processors,
                     f"read_data {data_file}", f"pair_style nvalchemi {model}",

@@ -7,6 +7,7 @@ array) and a collectives object. Here the memory is numpy arrays, viewed the sam
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -16,6 +17,7 @@ from _systems import (
     RankCollectives,
     RankGraph,
     ThreadWorld,
+    byte_view,
     decompose,
     decompose_shell,
     fcc_argon_222,
@@ -276,3 +278,26 @@ def test_non_finite_positions_raise(model_path):
     with pytest.raises(ValueError, match=re.escape(message)):
         graph = _bare(2, np.zeros(2, np.int64), np.array([0, 1]), np.array([1, 0]), rij)
         _call_compute(session, 2, graph.species, graph.pair_i, graph.pair_j, rij, _solo(graph))
+
+
+@pytest.mark.parametrize("want_atom_energies", [True, False], ids=["eatom", "no-eatom"])
+def test_pair_scalars_come_back_in_their_slots(model_path, want_atom_energies):
+    """Given scalar slots (the pair style's ``pair_scalars``), a closed-form potential
+    writes ``s`` with ``fij = s * rij`` there and says so; ``pair_forces`` stay unwritten.
+    Without per-atom energies wanted, they stay unwritten too and the energy is the same."""
+    system = fcc_argon_222()
+    g = decompose(system, 6.0, 1)[0]
+    vectors = host_step(g.nlocal, g.species, g.pair_i, g.pair_j, g.rij, _solo(g))
+    expected = open_session(model_path, 1).compute(vectors.record)
+    step = host_step(g.nlocal, g.species, g.pair_i, g.pair_j, g.rij, _solo(g))
+    scalars = np.full(len(g.pair_i), np.nan)
+    record = dataclasses.replace(
+        step.record, pair_scalars=byte_view(scalars), want_atom_energies=want_atom_energies
+    )
+    result = open_session(model_path, 1).compute(record)
+    assert result.pair_scalars_written and not expected.pair_scalars_written
+    assert result.npairs == len(g.pair_i)
+    np.testing.assert_array_equal(scalars[:, None] * g.rij, vectors.pair_forces)
+    assert np.isnan(step.pair_forces).all()
+    assert result.energy == pytest.approx(expected.energy, rel=1e-14)
+    assert np.isnan(step.atom_energies).all() != want_atom_energies

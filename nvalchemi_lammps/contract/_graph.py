@@ -15,6 +15,8 @@ class LocalGraph:
     ``rij[k] = x[pair_j[k]] - x[pair_i[k]]`` with periodic images already applied, so a
     potential never needs the cell. Every directed pair within the cutoff is listed: an
     owned-owned pair appears twice (i->j and j->i), an owned-ghost pair once on this rank.
+    (A potential that declares ``symmetric_pair_terms`` may get each pair once instead,
+    LAMMPS's half list: its ``pair_terms`` cannot tell.)
 
     :param nlocal: number of owned atoms
     :param species: ``(ntotal,)`` int64, model element index of every atom, -1 for atoms

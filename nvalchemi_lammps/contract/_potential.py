@@ -60,6 +60,12 @@ class Potential(torch.nn.Module):
     #: The box the potential runs in: periodic along each lattice direction, or not (a
     #: slab). Only a potential whose spec ``needs_positions`` reads the cell.
     periodicity: tuple[bool, bool, bool] = (True, True, True)
+    #: :meth:`pair_terms` is symmetric and always given: a pair's share and derivative are
+    #: the same seen from either atom (parameters of the unordered pair of elements, a
+    #: function of ``|rij|`` only). A front door may then hand each pair once (a half
+    #: neighbor list) and the engine counts it for both atoms (``evaluate(...,
+    #: half_pairs=True)``): half the pairs to compute.
+    symmetric_pair_terms: bool = False
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -104,7 +110,7 @@ class Potential(torch.nn.Module):
         uses instead of differentiating :meth:`forward` (the same energies): each pair's
         share of its receiver's energy and ``(1/r) d(share)/dr``, so that the pair force is
         ``fij = (1/r) d(share)/dr * rij``; both ``(npairs,)`` in ``spec.dtype``. ``None``
-        (the default): no closed form."""
+        (the default): no closed form. Never ``None`` when :attr:`symmetric_pair_terms`."""
         return None
 
     def prepare_compile(self) -> Potential:

@@ -1,6 +1,13 @@
 """The engine: the one place where a front door's arrays meet a potential."""
 
 from ._compiled import CompiledPotential, compile_potential
-from ._evaluate import Evaluation, evaluate, potential_device
+from ._evaluate import Evaluation, evaluate, potential_device, takes_half_pairs
 
-__all__ = ["CompiledPotential", "Evaluation", "compile_potential", "evaluate", "potential_device"]
+__all__ = [
+    "CompiledPotential",
+    "Evaluation",
+    "compile_potential",
+    "evaluate",
+    "potential_device",
+    "takes_half_pairs",
+]

@@ -15,9 +15,14 @@ class Evaluation:
 
     :param energy: sum of ``atom_energies`` (this rank's share of the potential energy)
     :param atom_energies: ``(nlocal,)`` float64 energies of the owned atoms, on the
-        potential's device
+        potential's device; ``(ntotal,)`` for a half pair list (``half_pairs``): ghost rows
+        hold their share of pairs counted on this rank, which the front door folds into
+        their owners (LAMMPS's reverse communication of per-atom energies). ``None`` when
+        the front door did not ask for them (``atom_energies=False``) and a closed form
+        (``pair_terms``) gave the energy without them
     :param pair_forces: ``(npairs, 3)`` float64 ``fij = +dE/drij``, on the potential's
-        device; the front door applies ``f[i] += fij`` and ``f[j] -= fij``
+        device; the front door applies ``f[i] += fij`` and ``f[j] -= fij``. ``None`` when
+        the front door asked for ``pair_scalars`` and the potential gave them
     :param atom_forces: ``(ntotal, 3)`` float64 ``-dE/dx`` of every atom row, for a
         potential that ``needs_positions`` (else ``None``); ghost rows are folded into their
         owners by the front door's reverse communication, like pair forces on ghosts
@@ -26,14 +31,20 @@ class Evaluation:
         potential that ``needs_positions`` (else ``None``)
     :param finite: the energy and every force (and the virial) are finite numbers; the
         front doors stop the run when not
+    :param pair_scalars: ``(npairs,)`` float64 ``s`` with ``fij = s * rij``, instead of
+        ``pair_forces``, when the front door asked for them (``evaluate(...,
+        pair_scalars=True)``) and the potential has a closed form (``pair_terms``): a
+        front door that applies pair forces in its own loop multiplies there, and no
+        ``(npairs, 3)`` tensor is made or copied
     """
 
     energy: float
-    atom_energies: torch.Tensor
-    pair_forces: torch.Tensor
+    atom_energies: torch.Tensor | None
+    pair_forces: torch.Tensor | None
     atom_forces: torch.Tensor | None = None
     virial: torch.Tensor | None = None
     finite: bool = True
+    pair_scalars: torch.Tensor | None = None
 
 
 def _energy_and_finite(owned: torch.Tensor, grads: list[torch.Tensor]) -> tuple[float, bool]:
@@ -55,7 +66,20 @@ def potential_device(potential: Potential) -> torch.device:
     return torch.device("cpu")
 
 
-def evaluate(potential: Potential, graph: LocalGraph) -> Evaluation:
+def takes_half_pairs(potential: Potential) -> bool:
+    """A front door may hand ``potential`` each pair once (``evaluate(..., half_pairs=
+    True)``): its pair terms are symmetric and the engine uses them."""
+    return potential.symmetric_pair_terms and not potential.spec.needs_positions
+
+
+def evaluate(
+    potential: Potential,
+    graph: LocalGraph,
+    *,
+    pair_scalars: bool = False,
+    half_pairs: bool = False,
+    atom_energies: bool = True,
+) -> Evaluation:
     """Run ``potential`` on one rank's graph and differentiate its owned energy.
 
     The front door fills ``graph`` as LAMMPS stores it: ``rij`` (and ``positions``,
@@ -68,7 +92,24 @@ def evaluate(potential: Potential, graph: LocalGraph) -> Evaluation:
     rows), ``cell``, ``pbc`` and ``charges`` (if any); it is differentiated with respect to
     positions and cell too. Any other potential sees none of them. ``total_charge``,
     ``spin`` and ``task`` describe the whole system (the same on every rank).
+
+    With ``pair_scalars`` the caller takes a pair potential's forces as one scalar per pair
+    (:attr:`Evaluation.pair_scalars`, ``fij = s * rij``) when the potential has a closed
+    form; any other potential still returns ``pair_forces``.
+
+    With ``half_pairs`` the graph holds each pair once (a half neighbor list with LAMMPS's
+    newton rule: ``pair_j`` may be a ghost, and a pair between ranks is on one of them
+    only), for a potential that :func:`takes_half_pairs`: each pair is counted for both
+    atoms, and the energies come back for every row (:attr:`Evaluation.atom_energies`).
+
+    Without ``atom_energies`` (LAMMPS asks for them on few steps) a closed form gives the
+    energy alone, without scattering the pairs' shares onto atoms.
     """
+    if half_pairs and not takes_half_pairs(potential):
+        raise ValueError(
+            f"potential '{potential.name}' needs every directed pair: its pair terms are not "
+            "declared symmetric (Potential.symmetric_pair_terms), so no half pair list"
+        )
     rij, pair_i, pair_j, nlocal = graph.rij, graph.pair_i, graph.pair_j, graph.nlocal
     if rij.dtype != torch.float64:
         raise TypeError(f"pair vectors must be float64, got {rij.dtype}")
@@ -114,7 +155,13 @@ def evaluate(potential: Potential, graph: LocalGraph) -> Evaluation:
         with torch.no_grad():
             terms = potential.pair_terms(graph)
         if terms is not None:
-            return _from_pair_terms(graph, leaf.detach(), *terms)
+            return _from_pair_terms(
+                graph, leaf.detach(), *terms, pair_scalars, half_pairs, atom_energies
+            )
+        if half_pairs:
+            raise ValueError(
+                f"potential '{potential.name}' declares symmetric pair terms but gave none"
+            )
     energies = potential(graph)
     if energies.shape != (graph.ntotal,):
         raise ValueError(
@@ -151,13 +198,42 @@ def evaluate(potential: Potential, graph: LocalGraph) -> Evaluation:
 
 
 def _from_pair_terms(
-    graph: LocalGraph, rij: torch.Tensor, pair_energy: torch.Tensor, derivative: torch.Tensor
+    graph: LocalGraph,
+    rij: torch.Tensor,
+    pair_energy: torch.Tensor,
+    derivative: torch.Tensor,
+    scalars: bool,
+    half: bool,
+    per_atom: bool,
 ) -> Evaluation:
-    """The evaluation of a pair potential from its closed form (``Potential.pair_terms``):
-    receivers are owned atoms (the contract), so every pair's share is owned energy."""
+    """The evaluation of a pair potential from its closed form (``Potential.pair_terms``).
+    Receivers are owned atoms (the contract), so every pair's share is owned energy; on a
+    half list each pair also stands for its reverse, which gives the sender the same share
+    and doubles the force (exactly: a power of two). With ``scalars`` the forces stay one
+    scalar per pair; a finite scalar times a finite ``rij`` (checked before) is a finite
+    force, so the scalars' sum is the finiteness check. Without ``per_atom`` the energy is
+    the shares' sum (twice it on a half list)."""
     f64 = torch.float64
-    energies = torch.zeros(graph.ntotal, dtype=f64, device=rij.device)
-    owned = energies.index_add_(0, graph.pair_i, pair_energy.to(f64))[: graph.nlocal]
-    pair_forces = derivative.to(f64).unsqueeze(1) * rij
-    energy, finite = _energy_and_finite(owned, [pair_forces])
-    return Evaluation(energy, atom_energies=owned, pair_forces=pair_forces, finite=finite)
+    pair_energy = pair_energy.to(f64)
+    derivative = derivative.to(f64)
+    if half:
+        derivative = derivative * 2.0
+    rows = None
+    if per_atom:
+        energies = torch.zeros(graph.ntotal, dtype=f64, device=rij.device)
+        energies.index_add_(0, graph.pair_i, pair_energy)
+        if half:
+            energies.index_add_(0, graph.pair_j, pair_energy)
+        rows = energies if half else energies[: graph.nlocal]
+    pair_forces = None if scalars else derivative.unsqueeze(1) * rij
+    summed = pair_energy if rows is None else rows
+    energy, finite = _energy_and_finite(summed, [derivative if scalars else pair_forces])
+    if rows is None and half:
+        energy *= 2.0  # each share stands for both atoms' (exact: a power of two)
+    return Evaluation(
+        energy,
+        atom_energies=rows,
+        pair_forces=pair_forces,
+        finite=finite,
+        pair_scalars=derivative if scalars else None,
+    )

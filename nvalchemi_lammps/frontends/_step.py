@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 #: Bumped with every change of the record's fields or of what ``compute`` returns; the
 #: same number is compiled into the pair style (``STEP_PROTOCOL`` in python_bridge.cpp).
-STEP_PROTOCOL = 2
+STEP_PROTOCOL = 3
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,17 @@ class StepRecord:
         ``pair_forces`` (3 float64 each); pairs may come back in them
     :param want_pairs: per-pair forces wanted back (per-atom virial) even when per-atom
         forces are cheaper
-    :param atom_energies: ``nlocal`` float64, written
+    :param half_pairs: the pairs are a half neighbor list (each pair once, LAMMPS's newton
+        rule), asked for because the session's :attr:`~nvalchemi_lammps.frontends.plugin.
+        PluginSession.half_pairs` said so
+    :param want_atom_energies: per-atom energies wanted (``compute pe/atom``); else
+        ``atom_energies`` may be left unwritten
+    :param pair_scalars: ``capacity`` float64 slots for one scalar ``s`` per pair, which
+        the pair style takes instead of ``pair_forces`` as ``fij = s * rij`` (a pair
+        potential's closed form), else ``None``: the pair style takes vectors only
+    :param atom_energies: ``ntotal`` float64 slots; written: the ``nlocal`` owned rows, or
+        with ``half_pairs`` every row (ghost rows go to their owners by LAMMPS's reverse
+        communication, as for ``lj/cut``)
     :param atom_forces: ``3 * ntotal`` float64, ``-dE/dx`` of every row, when written
     :param collectives: the step's collectives (valid during the call only)
     :param charges: ``ntotal`` float64 per-atom charges, for a model that
@@ -75,6 +85,9 @@ class StepRecord:
     cell: memoryview | None = None
     periodic: tuple[bool, bool, bool] | None = None
     virial: memoryview | None = None
+    pair_scalars: memoryview | None = None
+    half_pairs: bool = False
+    want_atom_energies: bool = True
 
 
 @dataclass(frozen=True)
@@ -86,8 +99,11 @@ class StepResult:
     :param npairs: pairs written back into the slots (``pair_i``, ``pair_j``, ``rij``,
         ``pair_forces``), or 0
     :param atom_forces_written: ``atom_forces`` holds the forces
+    :param pair_scalars_written: the pairs' forces came back as ``pair_scalars`` (``fij =
+        s * rij``), not in ``pair_forces``
     """
 
     energy: float
     npairs: int
     atom_forces_written: bool
+    pair_scalars_written: bool = False

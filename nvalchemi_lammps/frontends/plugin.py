@@ -22,7 +22,13 @@ from .._elements import map_elements
 from .._model_file import ModelFileWarning, open_model
 from .._torch_blas import blas_library
 from ..contract import REPORT_ENV, LocalGraph, resolve_strategy
-from ..engine import CompiledPotential, Evaluation, compile_potential, evaluate
+from ..engine import (
+    CompiledPotential,
+    Evaluation,
+    compile_potential,
+    evaluate,
+    takes_half_pairs,
+)
 from ._lammps_comm import ExchangePlan, LammpsComm
 from ._step import STEP_PROTOCOL, StepRecord, StepResult
 
@@ -147,6 +153,14 @@ class PluginSession:
     def _compiled(self) -> list[CompiledPotential]:
         return [m for m in self.potential.modules() if isinstance(m, CompiledPotential)]
 
+    @property
+    def half_pairs(self) -> bool:
+        """The pair style may hand each pair once (a half neighbor list, as ``lj/cut``
+        uses): a one-layer model whose pair terms are symmetric
+        (:func:`~nvalchemi_lammps.engine.takes_half_pairs`). Read at each ``init_style``,
+        after ``strategy`` and ``compile`` are set."""
+        return self.layers == 1 and takes_half_pairs(self.potential)
+
     def map_types(self, names: list[str]) -> list[int]:
         return map_elements(names, self.potential.spec.elements)
 
@@ -215,25 +229,42 @@ class PluginSession:
             task=self.task,
             **inputs,
         )
-        result = evaluate(self.potential, graph)
-        phase("model")
-        self._stage.download(
-            result.atom_energies, _tensor(step.atom_energies, torch.float64, nlocal)
+        # pairs go back: a pair potential's forces as one scalar each, which the pair
+        # style multiplies by rij in its force loop (no (npairs, 3) tensor, no copy of one)
+        pairs_back = filtered or step.want_pairs
+        scalars = pairs_back and step.pair_scalars is not None
+        result = evaluate(
+            self.potential,
+            graph,
+            pair_scalars=scalars,
+            half_pairs=step.half_pairs,
+            atom_energies=step.want_atom_energies,
         )
+        phase("model")
+        if result.atom_energies is not None:
+            rows = ntotal if step.half_pairs else nlocal  # ghosts' energies on a half list
+            out = _tensor(step.atom_energies, torch.float64, rows)
+            self._stage.download(result.atom_energies, out)
         if step.cell is not None:
             _tensor(step.virial, torch.float64, 6).copy_(result.virial)
         npairs = int(pair_i.shape[0])
-        if filtered or step.want_pairs:
+        if pairs_back:
             if not filtered:
                 _tensor(pair_i_out, torch.int64, npairs).copy_(pair_i)
                 _tensor(pair_j_out, torch.int64, npairs).copy_(pair_j)
                 _tensor(rij_out, torch.float64, npairs, 3).copy_(rij)
-            forces = _tensor(step.pair_forces, torch.float64, npairs, 3)
-            self._stage.download(result.pair_forces, forces)
+            as_scalars = result.pair_scalars is not None
+            if as_scalars:
+                out = _tensor(step.pair_scalars, torch.float64, npairs)
+                self._stage.download(result.pair_scalars, out)
+            else:
+                out = _tensor(step.pair_forces, torch.float64, npairs, 3)
+                self._stage.download(result.pair_forces, out)
             if result.atom_forces is None:
-                return StepResult(_energy(result), npairs, False)
+                return StepResult(_energy(result), npairs, False, as_scalars)
             atom_forces = result.atom_forces
         else:
+            as_scalars = False
             # one row per atom instead of one per pair crosses back to the host
             atom_forces = torch.zeros((ntotal, 3), dtype=torch.float64, device=x.device)
             atom_forces.index_add_(0, pair_i, result.pair_forces)
@@ -243,7 +274,7 @@ class PluginSession:
             npairs = 0
         self._stage.download(atom_forces, _tensor(step.atom_forces, torch.float64, ntotal, 3))
         phase("forces")
-        return StepResult(_energy(result), npairs, True)
+        return StepResult(_energy(result), npairs, True, as_scalars)
 
 
 def _energy(result: Evaluation) -> float:
