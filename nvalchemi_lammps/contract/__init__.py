@@ -5,7 +5,7 @@ for one MPI rank and one step; a :class:`Potential` turns it into per-atom energ
 side knows the other: every hook of a potential is declared on :class:`Potential`.
 """
 
-from ._comm import Comm, NoOpComm, with_adjoint
+from ._comm import AdjointComm, Comm, NoOpComm, with_adjoint
 from ._graph import LocalGraph
 from ._potential import Potential, check_keys
 from ._spec import STRATEGIES, UNIT_STYLES, ModelSpec
@@ -15,6 +15,7 @@ __all__ = [
     "REPORT_ENV",
     "STRATEGIES",
     "UNIT_STYLES",
+    "AdjointComm",
     "Comm",
     "LocalGraph",
     "ModelSpec",

@@ -56,14 +56,34 @@ class Comm:
         raise NotImplementedError
 
 
-class NoOpComm(Comm):
-    """A single process whose graph has no ghost atoms: every collective is the identity."""
+class AdjointComm(Comm):
+    """A :class:`Comm` made differentiable from a front door's raw operations: ``_forward``
+    (ghost rows take their owners'), ``_reverse`` (ghost rows summed into their owners) and
+    ``_sum`` (over ranks), none of which needs to know autograd. The exchanges are the
+    identity when ``exchange`` is ``False`` (the widened shell computes ghost rows)."""
 
     def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
-        return src
+        return with_adjoint(src, self._forward, self._reverse) if self.exchange else src
 
     def reverse_exchange(self, src: torch.Tensor) -> torch.Tensor:
-        return src
+        return with_adjoint(src, self._reverse, self._forward) if self.exchange else src
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        return with_adjoint(x, self._sum, self._sum)
+
+    def _forward(self, src: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _reverse(self, src: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _sum(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class NoOpComm(AdjointComm):
+    """A single process whose graph has no ghost atoms: every collective is the identity
+    (``exchange`` is ``False``)."""
 
     def allreduce(self, x: torch.Tensor) -> torch.Tensor:
         return x

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..contract import Comm, with_adjoint
+from ..contract import AdjointComm
 
 
 def _exchanged(operation: Any, src: torch.Tensor) -> torch.Tensor:
@@ -73,7 +73,7 @@ def _clocked(operation: Any, timings: dict[str, float]) -> Any:
     return clocked
 
 
-class LammpsComm(Comm):
+class LammpsComm(AdjointComm):
     """Collectives of one ``pair_style nvalchemi`` compute call.
 
     :param collectives: the plugin's ``LammpsCollectives`` object
@@ -103,15 +103,6 @@ class LammpsComm(Comm):
             self._forward, self._reverse, self._sum = (
                 _clocked(op, timings) for op in (self._forward, self._reverse, self._sum)
             )
-
-    def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
-        return with_adjoint(src, self._forward, self._reverse) if self.exchange else src
-
-    def reverse_exchange(self, src: torch.Tensor) -> torch.Tensor:
-        return with_adjoint(src, self._reverse, self._forward) if self.exchange else src
-
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
-        return with_adjoint(x, self._sum, self._sum)
 
     def _forward(self, src: torch.Tensor) -> torch.Tensor:
         plan = self.plan

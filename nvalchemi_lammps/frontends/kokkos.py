@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..contract import Comm, LocalGraph, with_adjoint
+from ..contract import AdjointComm, LocalGraph
 from ..engine import Evaluation, evaluate
 from .plugin import PluginSession, _within_cutoff
 
@@ -103,7 +103,7 @@ def _view(capsule: Any) -> torch.Tensor | None:
     return None if capsule is None else torch.from_dlpack(capsule)
 
 
-class KokkosComm(Comm):
+class KokkosComm(AdjointComm):
     """Collectives of one ``pair_style nvalchemi/kk`` compute call: exchanges through
     KOKKOS's pair communication on arrays in the execution space's memory (passed by
     address, no copy to the host), sums over ranks through MPI on the host (a few values).
@@ -118,15 +118,6 @@ class KokkosComm(Comm):
         self.collectives = collectives
         self.device = device
         self.exchange = exchange
-
-    def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
-        return with_adjoint(src, self._forward, self._reverse) if self.exchange else src
-
-    def reverse_exchange(self, src: torch.Tensor) -> torch.Tensor:
-        return with_adjoint(src, self._reverse, self._forward) if self.exchange else src
-
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
-        return with_adjoint(x, self._sum, self._sum)
 
     def _forward(self, src: torch.Tensor) -> torch.Tensor:
         return self._exchanged(self.collectives.forward_exchange, src)

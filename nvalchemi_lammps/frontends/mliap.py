@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .._model_file import PickledRecord, load_model, model_record, potential_from_record
-from ..contract import Comm, LocalGraph, Potential, resolve_strategy, with_adjoint
+from ..contract import AdjointComm, Comm, LocalGraph, Potential, resolve_strategy
 from ..engine import Evaluation, evaluate, potential_device
 
 #: ML-IAP lists pairs closer than ``2 * rcutfac``: ``MLIAPDummyDescriptor::init``
@@ -134,7 +134,7 @@ def _exchanged(exchange: Any, src: torch.Tensor) -> torch.Tensor:
     return out.to(src.dtype).reshape(src.shape)
 
 
-class MliapComm(Comm):
+class MliapComm(AdjointComm):
     """The contract's collectives over ML-IAP's ``forward_exchange``/``reverse_exchange``.
 
     :param data: ML-IAP's data object of this call
@@ -145,19 +145,13 @@ class MliapComm(Comm):
         self.data = data
         self.exchange = exchange
 
-    def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
-        return with_adjoint(src, self._forward, self._reverse) if self.exchange else src
-
-    def reverse_exchange(self, src: torch.Tensor) -> torch.Tensor:
-        return with_adjoint(src, self._reverse, self._forward) if self.exchange else src
-
     def _forward(self, src: torch.Tensor) -> torch.Tensor:
         return _exchanged(self.data.forward_exchange, src)
 
     def _reverse(self, src: torch.Tensor) -> torch.Tensor:
         return _exchanged(self.data.reverse_exchange, src)
 
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+    def _sum(self, x: torch.Tensor) -> torch.Tensor:
         raise RuntimeError(
             "allreduce is not available through ML-IAP, which hands a model no MPI "
             "communicator: run this model with pair_style nvalchemi"
