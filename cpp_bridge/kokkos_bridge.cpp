@@ -12,6 +12,7 @@
 
 #include "kokkos_bridge.h"
 #include "python_bridge.h"
+#include "python_ref.h"
 
 #include <string>
 
@@ -20,29 +21,6 @@ using namespace NvalchemiLammps;
 namespace {
 
 constexpr const char *KOKKOS_FRONTEND_MODULE = "nvalchemi_lammps.frontends.kokkos";
-
-class GilLock {
- public:
-  GilLock() : state_(PyGILState_Ensure()) {}
-  ~GilLock() { PyGILState_Release(state_); }
-
- private:
-  PyGILState_STATE state_;
-};
-
-// Owned reference, released on scope exit.
-class PyRef {
- public:
-  explicit PyRef(PyObject *obj = nullptr) : obj_(obj) {}
-  ~PyRef() { Py_XDECREF(obj_); }
-  PyRef(const PyRef &) = delete;
-  PyRef &operator=(const PyRef &) = delete;
-  PyObject *get() const { return obj_; }
-  explicit operator bool() const { return obj_ != nullptr; }
-
- private:
-  PyObject *obj_;
-};
 
 /* ----------------------------------------------------------------------
    DLPack (dlpack.h v0.8 ABI, what torch.from_dlpack reads from a "dltensor"

@@ -10,6 +10,7 @@
 #include <Python.h>
 
 #include "python_bridge.h"
+#include "python_ref.h"
 
 #include <cstdlib>
 #include <dlfcn.h>
@@ -34,34 +35,6 @@ std::string fmt_protocol_mismatch(long python_protocol)
       "plugin it installs (nvalchemi-lammps info shows its path)";
 }
 constexpr const char *PYTHON_ENV_VAR = "NVALCHEMI_LAMMPS_PYTHON";
-
-class GilLock {
- public:
-  GilLock() : state_(PyGILState_Ensure()) {}
-  ~GilLock() { PyGILState_Release(state_); }
-
- private:
-  PyGILState_STATE state_;
-};
-
-// Owned reference, released on scope exit.
-class PyRef {
- public:
-  explicit PyRef(PyObject *obj = nullptr) : obj_(obj) {}
-  ~PyRef() { Py_XDECREF(obj_); }
-  PyRef(const PyRef &) = delete;
-  PyRef &operator=(const PyRef &) = delete;
-  PyObject *get() const { return obj_; }
-  void reset(PyObject *obj)
-  {
-    Py_XDECREF(obj_);
-    obj_ = obj;
-  }
-  explicit operator bool() const { return obj_ != nullptr; }
-
- private:
-  PyObject *obj_;
-};
 
 /* ----------------------------------------------------------------------
    the formatted traceback of an exception object, "" if it cannot be had
