@@ -1,31 +1,39 @@
-"""``pair_style mliap unified`` in a KOKKOS LAMMPS on NVIDIA GPUs: exact, and how fast.
+"""A KOKKOS LAMMPS on NVIDIA GPUs: this project's model files through ``pair_style mliap
+unified`` (LAMMPS's ML-IAP), through ``pair_style nvalchemi/kk`` (the plugin's KOKKOS
+variant) and through ``pair_style nvalchemi`` on the host LAMMPS path: exact, and how fast.
 
 Here, where mace-torch and aimnet are installed (CPU is enough):
 
-    python benchmarks/kokkos_mliap.py prepare DIR
+    python benchmarks/kokkos_lammps.py prepare DIR
 
 writes model files, LAMMPS data files and single-process references (float64 and float32,
 computed without LAMMPS) into DIR. On the GPU machine, with a LAMMPS built by
-``tools/build_lammps_kokkos.sh`` at PREFIX:
+``tools/build_lammps_kokkos.sh`` at PREFIX (and, for ``--door kk``/``host``, the plugin by
+``tools/build_plugin_kokkos.sh`` in PREFIX/plugin-build):
 
-    python benchmarks/kokkos_mliap.py check DIR --lammps PREFIX [--gpus 2]
-    python benchmarks/kokkos_mliap.py bench DIR --lammps PREFIX --atoms 1000 20000 100000
-    python benchmarks/kokkos_mliap.py cueq DIR    # where cuequivariance-ops-torch is installed
-    python benchmarks/kokkos_mliap.py bench DIR --lammps PREFIX --kernels cuequivariance
+    python benchmarks/kokkos_lammps.py check DIR --lammps PREFIX [--gpus 2] [--door kk]
+    python benchmarks/kokkos_lammps.py bench DIR --lammps PREFIX --atoms 1000 20000 100000
+    python benchmarks/kokkos_lammps.py cueq DIR    # where cuequivariance-ops-torch is installed
+    python benchmarks/kokkos_lammps.py bench DIR --lammps PREFIX --kernels cuequivariance
 
-``check`` runs every model ML-IAP can run (Lennard-Jones, a 3-layer message-passing
+``check`` runs every model both doors can run (Lennard-Jones, a 3-layer message-passing
 model, MACE float64 and float32, DFT-D3) with ``-k on g N -sf kk -pk kokkos newton on neigh
 half`` on 1 rank, 2 ranks on one GPU, 2 ranks on 2 GPUs and 2 ranks of which one owns no
-atoms (on one and on two GPUs), and compares energy, per-atom energies, forces, pressure and per-atom stress with
-the reference by atom ID (1e-10 relative in float64, 1e-5 in float32); then 200 NVE steps
-of the message-passing model on 2 ranks against 1 rank. ``bench`` times the random MACE of
-docs/performance.md (float32 and float64) through this project's model file and through mace-torch's
-own ML-IAP class ``LAMMPS_MLIAP_MACE`` (same weights, same LAMMPS, same structure) and
-compares their forces by atom ID, on e3nn's kernels or (``--kernels cuequivariance``) on
-cuEquivariance's for both: ``cueq`` converts mace-torch's model with mace-torch's own
+atoms (on one and on two GPUs), and compares energy, per-atom energies, forces, pressure and
+per-atom stress with the reference by atom ID (1e-10 relative in float64, 1e-5 in float32);
+then 200 NVE steps of the message-passing model on 2 ranks against 1 rank. ``bench`` times
+the random MACE of docs/performance.md side by side, per size and precision: the bare
+model's forward and backward on the whole periodic system in this process (the reference
+evaluator's pairs), then LAMMPS steps through each ``--styles``: ``kk`` (``nvalchemi/kk``),
+``mliap`` (this project's model file through ML-IAP), ``mace-torch`` (mace-torch's own
+ML-IAP class ``LAMMPS_MLIAP_MACE``, same weights) and ``host`` (``pair_style nvalchemi
+device cuda`` in the same LAMMPS without KOKKOS: atoms on the host), with the largest GPU
+memory seen while each ran, and compares the forces of every style by atom ID (up to
+30,000 atoms). MACE runs on e3nn's kernels or (``--kernels cuequivariance``) on
+cuEquivariance's for every style: ``cueq`` converts mace-torch's model with mace-torch's own
 converter, as ``mace_create_lammps_model --format=mliap`` does, on the GPU machine, since
 cuEquivariance fixes its kernels when a model is converted. Both print a table and write
-JSON next to DIR; ``check`` exits 1 if any comparison fails.
+JSON; ``check`` exits 1 if any comparison fails.
 """
 
 from __future__ import annotations
@@ -38,10 +46,14 @@ import re
 import shlex
 import site
 import statistics
+import subprocess
 import sys
 import textwrap
+import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 
@@ -199,8 +211,30 @@ def convert_to_cueq(out: Path) -> None:
 
 
 @dataclass(frozen=True)
+class Door:
+    """How a model file reaches LAMMPS: ``mliap`` (``pair_style mliap unified``), ``kk``
+    (``pair_style nvalchemi``, which ``-sf kk`` makes ``nvalchemi/kk``) or ``host`` (``pair_style
+    nvalchemi`` in LAMMPS without KOKKOS: atoms, lists and integration on the host)."""
+
+    name: str
+
+    @property
+    def kokkos(self) -> bool:
+        return self.name != "host"
+
+    def pair_style(self, model: Path, device: str, extra: str = "") -> str:
+        if self.name == "mliap":
+            return f"mliap unified {model} 0"
+        return f"nvalchemi {model} device {device} {extra}".rstrip()
+
+
+DOORS = ("mliap", "kk", "host")
+
+
+@dataclass(frozen=True)
 class Lammps:
-    """A KOKKOS LAMMPS from tools/build_lammps_kokkos.sh and how to start it."""
+    """A KOKKOS LAMMPS from tools/build_lammps_kokkos.sh (and the plugin of
+    tools/build_plugin_kokkos.sh, when built) and how to start it."""
 
     prefix: Path
     package: tuple[str, ...] = ()  # more `-pk kokkos` keywords, e.g. ("gpu/aware", "on")
@@ -218,17 +252,21 @@ class Lammps:
         return {
             "LD_LIBRARY_PATH": f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}",
             "PYTHONPATH": ":".join(str(p) for p in paths if str(p)),
+            # LAMMPS loads nvalchemiplugin.so from here at start (pair_style nvalchemi[/kk])
+            "LAMMPS_PLUGIN_PATH": str(self.prefix / "plugin-build" / "cpp_bridge"),
             "OMPI_ALLOW_RUN_AS_ROOT": "1",
             "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         }
 
-    def run(self, script: str, ranks: int, gpus: int, workdir: Path) -> LammpsRun:
+    def run(
+        self, script: str, ranks: int, gpus: int, workdir: Path, kokkos: bool = True
+    ) -> LammpsRun:
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "in.lammps").write_text(script)
         # gpus 0: a KOKKOS LAMMPS built for the host (tools/build_lammps_kokkos.sh ... SERIAL)
-        kokkos = ["-k", "on", *(["g", str(gpus)] if gpus else []), *KOKKOS, *self.package]
+        args = ["-k", "on", *(["g", str(gpus)] if gpus else []), *KOKKOS, *self.package]
         lmp = self.prefix / "install" / "bin" / "lmp"
-        cmd = [*MPIRUN, "-np", str(ranks), str(lmp), *kokkos, "-in", "in.lammps"]
+        cmd = [*MPIRUN, "-np", str(ranks), str(lmp), *(args if kokkos else []), "-in", "in.lammps"]
         return run_command(cmd, workdir, timeout=600, env=self.env)
 
 
@@ -272,7 +310,10 @@ def failure(run: LammpsRun) -> str:
     return " | ".join(lines[:6] or run.output.strip().splitlines()[-4:])[-600:]
 
 
-def check(data: Path, lammps: Lammps, gpus: int, models: list[str], nve_steps: int) -> list[Row]:
+def check(
+    data: Path, lammps: Lammps, door: Door, gpus: int, models: list[str], nve_steps: int
+) -> list[Row]:
+    device = "cuda" if gpus else "cpu"
     rows = []
     for case in CASES:
         if case.name not in models:
@@ -281,14 +322,15 @@ def check(data: Path, lammps: Lammps, gpus: int, models: list[str], nve_steps: i
         for label, ranks, ngpu, processors in RUNS if gpus else HOST_RUNS:
             if ngpu > gpus:
                 continue
-            workdir = data / "runs" / case.name / label.replace(" ", "_").replace(",", "")
+            name = label.replace(" ", "_").replace(",", "")
+            workdir = data / "runs" / door.name / case.name / name
             script = comparison_script(
                 str(data / f"{case.structure}.data"),
-                f"mliap unified {data / case.name}.pt 0",
+                door.pair_style(data / f"{case.name}.pt", device),
                 case.elements,
                 processors,
             )
-            run = lammps.run(script, ranks, ngpu, workdir)
+            run = lammps.run(script, ranks, ngpu, workdir, door.kokkos)
             if run.returncode != 0:
                 rows.append(Row(case.name, label, "crash", float("nan"), False, failure(run)))
                 continue
@@ -305,12 +347,12 @@ def check(data: Path, lammps: Lammps, gpus: int, models: list[str], nve_steps: i
                 flush=True,
             )
     if nve_steps:
-        rows += nve(data, lammps, gpus, nve_steps)
+        rows += nve(data, lammps, door, gpus, nve_steps)
     return rows
 
 
-def md_script(data: Path, model: Path, elements: str, processors: str) -> str:
-    """Read ``data``, run ``model`` through ML-IAP, 300 K velocities, NVE."""
+def md_script(data: Path, pair_style: str, elements: str, processors: str) -> str:
+    """Read ``data``, the pair style, 300 K velocities, NVE."""
     return textwrap.dedent(
         f"""\
         units metal
@@ -318,7 +360,7 @@ def md_script(data: Path, model: Path, elements: str, processors: str) -> str:
         atom_modify map array
         {processors}
         read_data {data}
-        pair_style mliap unified {model} 0
+        pair_style {pair_style}
         pair_coeff * * {elements}
         velocity all create 300.0 4928 mom yes rot yes
         fix 1 all nve
@@ -326,8 +368,8 @@ def md_script(data: Path, model: Path, elements: str, processors: str) -> str:
     )
 
 
-def nve_script(data: Path, model: Path, processors: str, steps: int) -> str:
-    return md_script(data, model, "Ar Ne", processors) + textwrap.dedent(
+def nve_script(data: Path, pair_style: str, processors: str, steps: int) -> str:
+    return md_script(data, pair_style, "Ar Ne", processors) + textwrap.dedent(
         f"""\
         thermo_style custom step pe ke etotal
         thermo {steps}
@@ -338,15 +380,16 @@ def nve_script(data: Path, model: Path, processors: str, steps: int) -> str:
     )
 
 
-def nve(data: Path, lammps: Lammps, gpus: int, steps: int = 200) -> list[Row]:
+def nve(data: Path, lammps: Lammps, door: Door, gpus: int, steps: int = 200) -> list[Row]:
     """200 NVE steps of the message-passing model: 2 ranks (1 and 2 GPUs) = 1 rank."""
+    pair_style = door.pair_style(data / "mpnn.pt", "cuda" if gpus else "cpu")
     runs = {}
     for label, ranks, ngpu, processors in RUNS[:3] if gpus else HOST_RUNS[:2]:
         if ngpu > gpus:
             continue
-        workdir = data / "runs" / "nve" / label.replace(" ", "_")
-        script = nve_script(data / "ar_ne.data", data / "mpnn.pt", processors, steps)
-        runs[label] = lammps.run(script, ranks, ngpu, workdir)
+        workdir = data / "runs" / door.name / "nve" / label.replace(" ", "_")
+        script = nve_script(data / "ar_ne.data", pair_style, processors, steps)
+        runs[label] = lammps.run(script, ranks, ngpu, workdir, door.kokkos)
     base = runs.pop("1 rank")
     rows = []
     for label, run in runs.items():
@@ -382,15 +425,89 @@ def nve(data: Path, lammps: Lammps, gpus: int, steps: int = 200) -> list[Row]:
 # ----------------------------------------------------------------------------- bench
 
 
+#: bench's styles: the door, whose model file (this project's or mace-torch's class), and
+#: more keywords of pair_style nvalchemi
+STYLES = {
+    "kk": (Door("kk"), "nvalchemi", ""),
+    "kk-compile": (Door("kk"), "nvalchemi", "compile default"),
+    "mliap": (Door("mliap"), "nvalchemi", ""),
+    "mace-torch": (Door("mliap"), "mace-torch", ""),
+    "host": (Door("host"), "nvalchemi", ""),
+    "host-compile": (Door("host"), "nvalchemi", "compile default"),
+}
+
+
 def bench_script(
-    data: Path, model: Path, processors: str, warmup: int, steps: int, repeats: int, dump: bool
+    data: Path, pair_style: str, processors: str, warmup: int, steps: int, repeats: int, dump: bool
 ) -> str:
-    script = md_script(data, model, "Ar Kr", processors) + "thermo 0\n"
+    script = md_script(data, pair_style, "Ar Kr", processors) + "thermo 0\n"
     if dump:
         script += "dump d all custom 1 forces.dump id fx fy fz\n"
         script += 'dump_modify d sort id format float "%.17g"\nrun 0\nundump d\n'
     script += f"run {warmup}\n" + f"run {steps}\n" * repeats
     return script
+
+
+class GpuMemory:
+    """The most GPU memory in use (MiB, the fullest GPU; every process on it) while the
+    block runs, sampled from nvidia-smi: what a LAMMPS job takes, its CUDA context and
+    allocator caches included."""
+
+    def __enter__(self) -> Self:
+        self.peak, self._stop = 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
+        while not self._stop.wait(0.2):
+            try:
+                used = subprocess.run(query, capture_output=True, text=True, timeout=5, check=True)
+                used = used.stdout
+                self.peak = max([self.peak, *(int(v) for v in used.split())])
+            except (OSError, ValueError, subprocess.SubprocessError):
+                return
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def bare_model(model_file: Path, system: dict, device: str, calls: int) -> dict:
+    """The model's forward and backward on the whole periodic system in this process (the
+    reference evaluator's pairs, no LAMMPS): median ms of ``calls`` after one warm-up, and
+    the peak memory torch allocated (inputs included)."""
+    import torch
+
+    from nvalchemi_lammps import LocalGraph, evaluate, load_model
+    from nvalchemi_lammps.reference import neighbor_pairs
+
+    potential = load_model(model_file).to(device)
+    synchronize = torch.cuda.synchronize if device == "cuda" else lambda: None
+    positions, cell = system["positions"], system["cell"]
+    pairs = neighbor_pairs(positions, cell, (True, True, True), potential.spec.cutoff)
+    inputs = [
+        torch.as_tensor(system["types"] - 1, device=device),
+        *(torch.from_numpy(a).to(device) for a in (pairs.pair_i, pairs.pair_j, pairs.rij)),
+    ]
+    synchronize()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    samples = []
+    try:
+        for k in range(calls + 1):
+            start = time.perf_counter()
+            evaluate(potential, LocalGraph(len(positions), *inputs))
+            synchronize()
+            samples.append(1e3 * (time.perf_counter() - start))
+        peak = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
+        return {"ms_per_step": statistics.median(samples[1:]), "peak_mib": peak}
+    except torch.cuda.OutOfMemoryError:
+        return {"error": "out of memory"}
+    finally:
+        del potential, inputs
+        torch.cuda.empty_cache()
 
 
 def bench(
@@ -401,59 +518,61 @@ def bench(
     steps: int,
     dtypes: list[str],
     kernels: str,
+    styles: list[str],
 ) -> list[dict]:
-    """ms/step of this project's model file and of mace-torch's ``LAMMPS_MLIAP_MACE`` on the
-    same random MACE, side by side per size, and their forces by atom ID (up to 30,000
-    atoms)."""
+    """ms/step of the random MACE through each style, side by side per size and precision,
+    with the bare model's time on one GPU; forces of every style by atom ID against the
+    first style's (up to 30,000 atoms)."""
     from bench_strategies import LATTICE, crystal
 
     rows = []
     ranks = max(gpus, 1)
     processors = "" if ranks == 1 else f"processors {ranks} 1 1"
+    device = "cuda" if gpus else "cpu"  # gpus 0: a KOKKOS LAMMPS for the host
     for atoms in sizes:
-        path, natoms = crystal(atoms, LATTICE["mace"], data / f"bench{atoms}.data")
+        path, system = crystal(atoms, LATTICE["mace"], data / f"bench{atoms}.data")
+        natoms = len(system["positions"])
         dump = natoms <= 30000
         for dtype in dtypes:
             bits = dtype.removeprefix("float")
+            ours = data / f"mace{bits}_{kernels}.pt"
+            base = {"atoms": natoms, "dtype": dtype, "kernels": kernels, "gpus": gpus}
+            model = {**base, "style": "model", **bare_model(ours, system, device, calls=10)}
+            rows.append(model)
+            print(f"{natoms:8d} atoms {dtype} {kernels} bare model: {model}", flush=True)
             forces = {}
-            own = f"mace{bits}_own.pt" if kernels == "e3nn" else f"mace{bits}_own_{kernels}.pt"
-            for style, model in (("nvalchemi", f"mace{bits}_{kernels}.pt"), ("mace-torch", own)):
-                workdir = data / "runs" / "bench" / f"{atoms}_{style}_{dtype}_{kernels}_{ranks}"
-                script = bench_script(path, data / model, processors, 5, steps, 3, dump)
-                run = lammps.run(script, ranks, gpus, workdir)
-                row = {
-                    "atoms": natoms,
-                    "style": style,
-                    "dtype": dtype,
-                    "kernels": kernels,
-                    "gpus": gpus,
-                }
+            for style in styles:
+                door, whose, extra = STYLES[style]
+                own = "" if kernels == "e3nn" else f"_{kernels}"
+                model_file = data / f"mace{bits}_own{own}.pt" if whose == "mace-torch" else ours
+                pair_style = door.pair_style(model_file, device, extra)
+                workdir = data / "runs" / "bench" / f"{natoms}_{style}_{dtype}_{kernels}_{ranks}"
+                script = bench_script(path, pair_style, processors, 5, steps, 3, dump)
+                with GpuMemory() as memory:
+                    run = lammps.run(script, ranks, gpus, workdir, door.kokkos)
+                row = {**base, "style": style, "peak_gpu_mib": memory.peak}
                 if run.returncode != 0:
                     print(f"{style} {dtype} at {natoms} failed: {failure(run)}", flush=True)
                     rows.append({**row, "error": failure(run)[-300:]})
                     continue
                 loops = [float(t) / int(n) for t, n in _LOOP.findall(run.output) if int(n)][-3:]
                 ms = 1e3 * statistics.median(loops)
-                rows.append({**row, "ms_per_step": ms, "repeats_ms": [1e3 * t for t in loops]})
+                row |= {"ms_per_step": ms, "repeats_ms": [1e3 * t for t in loops]}
+                if "ms_per_step" in model:
+                    row["step_over_model"] = ms / model["ms_per_step"]
                 if dump:
                     forces[style] = per_atom(read_dump(workdir / "forces.dump"), ["fx", "fy", "fz"])
+                    first = next(iter(forces))
+                    row["force_difference"] = relative_difference(
+                        "force", forces[style], forces[first]
+                    ).relative
+                rows.append(row)
                 print(
-                    f"{natoms:8d} atoms {gpus} GPU {dtype} {kernels} {style:10s} {ms:8.2f} ms/step",
+                    f"{natoms:8d} atoms {gpus} GPU {dtype} {kernels} {style:12s} {ms:8.2f} ms/step"
+                    f" step/model {row.get('step_over_model', float('nan')):.2f}"
+                    f" peak {memory.peak} MiB forces vs {next(iter(forces), '-')}"
+                    f" {row.get('force_difference', float('nan')):.1e}",
                     flush=True,
-                )
-            if len(forces) == 2:
-                rel = relative_difference("force", forces["nvalchemi"], forces["mace-torch"])
-                rows.append(
-                    {
-                        "atoms": natoms,
-                        "dtype": dtype,
-                        "kernels": kernels,
-                        "gpus": gpus,
-                        "force_difference": rel.relative,
-                    }
-                )
-                print(
-                    f"{natoms:8d} atoms {dtype} forces nvalchemi vs mace-torch: {rel.relative:.2e}"
                 )
     return rows
 
@@ -476,6 +595,14 @@ def main() -> int:
         "--kernels", choices=KERNELS, default="e3nn", help="bench: MACE's kernels, both sides"
     )
     parser.add_argument("--nve-steps", type=int, default=200, help="check: 0 for none")
+    parser.add_argument("--door", choices=DOORS[:2], default="mliap", help="check: the door")
+    parser.add_argument(
+        "--styles",
+        nargs="+",
+        choices=list(STYLES),
+        default=["mliap", "mace-torch"],
+        help="bench: these styles, side by side",
+    )
     parser.add_argument("--json", type=Path, help="where to write the results")
     parser.add_argument("--package", default="", help="more -pk kokkos keywords")
     args = parser.parse_args()
@@ -488,7 +615,7 @@ def main() -> int:
         return 0
     lammps = Lammps(args.lammps.resolve(), tuple(args.package.split()))
     if args.mode == "check":
-        rows = check(data, lammps, args.gpus, args.models, args.nve_steps)
+        rows = check(data, lammps, Door(args.door), args.gpus, args.models, args.nve_steps)
         print(f"\n{'model':16s} {'run':28s} {'worst quantity':16s} {'relative':>10s}  result")
         for r in rows:
             print(
@@ -498,7 +625,9 @@ def main() -> int:
         result: list = [asdict(r) for r in rows]
         ok = all(r.passed for r in rows)
     else:
-        result = bench(data, lammps, args.atoms, args.gpus, args.steps, args.dtypes, args.kernels)
+        result = bench(
+            data, lammps, args.atoms, args.gpus, args.steps, args.dtypes, args.kernels, args.styles
+        )
         ok = True
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
