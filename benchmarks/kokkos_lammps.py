@@ -550,6 +550,7 @@ def bench(
                 script = bench_script(path, pair_style, processors, 5, steps, 3, dump)
                 with GpuMemory() as memory:
                     run = lammps.run(script, ranks, gpus, workdir, door.kokkos)
+                (workdir / "output.txt").write_text(run.output)  # LAMMPS's timing breakdown
                 row = {**base, "style": style, "peak_gpu_mib": memory.peak}
                 if run.returncode != 0:
                     print(f"{style} {dtype} at {natoms} failed: {failure(run)}", flush=True)

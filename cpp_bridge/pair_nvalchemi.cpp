@@ -356,7 +356,7 @@ void PairNvalchemi::log_traceback(const std::exception &err)
   if (!python || python->traceback().empty() || comm->me != 0) return;
   FILE *out = logfile ? logfile : screen;
   if (!out) return;
-  fmt::print(out, "pair_style nvalchemi: Python traceback:\n{}", python->traceback());
+  utils::print(out, "pair_style nvalchemi: Python traceback:\n{}", python->traceback());
   fflush(out);
 }
 

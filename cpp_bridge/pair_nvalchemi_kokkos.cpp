@@ -11,8 +11,10 @@
    through KOKKOS's pair communication with device buffers.
 
    Synchronization: LAMMPS's kernels are fenced before the model reads its
-   views; the Python side synchronizes torch's stream before it returns and
-   before each exchange, and each exchange is fenced before it returns.
+   views. The exchanges' kernels run on Kokkos's default instance, a blocking
+   CUDA stream that CUDA orders both ways against torch's default (legacy)
+   stream, so they are not fenced here; the Python side synchronizes only
+   when torch runs on another stream (nvalchemi_lammps/frontends/_streams.py).
 ------------------------------------------------------------------------- */
 
 #include "pair_nvalchemi_kokkos.h"
@@ -294,7 +296,6 @@ void PairNvalchemiKokkos<DeviceType>::exchange_on_device(double *rows, int nrows
     Kokkos::parallel_for(
         Kokkos::RangePolicy<DeviceType>(first, count), KOKKOS_LAMBDA(const size_t k) { d(k) = 0.0; });
   }
-  DeviceType().fence();
   exchange_rows = nullptr;
   d_rows = t_rows();
 }

@@ -12,9 +12,11 @@ own host path for pair communication stages (docs/kokkos.md).
 
 The views are LAMMPS's memory: valid during the call only, never kept.
 
-Synchronization with Kokkos on a GPU: the pair style fences Kokkos before this call and
-after each exchange; here torch's stream is synchronized before each exchange (Kokkos's
-kernels then read what torch wrote) and before returning (LAMMPS then reads the forces).
+Synchronization with Kokkos on a GPU: the pair style fences Kokkos before this call.
+Kokkos's kernels (the exchanges, LAMMPS's next ones reading the forces) run on Kokkos's
+default instance, a blocking CUDA stream, which CUDA orders both ways against torch's
+default (legacy) stream: on it nothing else waits. On any other torch stream,
+:func:`~._streams.fence` synchronizes the device around each exchange and before returning.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 
 from ..contract import AdjointComm, LocalGraph
 from ..engine import Evaluation, evaluate
+from ._streams import fence
 from .plugin import PluginSession, _within_cutoff
 
 __all__ = ["NEIGHMASK", "KokkosComm", "KokkosStepRecord", "KokkosStepResult", "compute"]
@@ -131,9 +134,9 @@ class KokkosComm(AdjointComm):
         rows = src.detach().reshape(src.shape[0], width)
         rows = rows.to(device=self.device, dtype=torch.float64, copy=True).contiguous()
         if width:  # the same width on every rank: all call, or none
-            if rows.is_cuda:  # Kokkos's kernels read what torch wrote
-                torch.cuda.current_stream(rows.device).synchronize()
+            fence(rows)  # Kokkos's kernels read what torch wrote, then torch what they wrote
             operation(rows.data_ptr(), int(rows.shape[0]), int(width))
+            fence(rows)
         return rows.to(device=src.device, dtype=src.dtype).reshape(src.shape)
 
     def _sum(self, x: torch.Tensor) -> torch.Tensor:
@@ -237,8 +240,7 @@ def compute(session: PluginSession, step: KokkosStepRecord) -> KokkosStepResult:
     if result.virial is not None:  # what f.r of the non-pairwise forces misses
         extra = result.virial.to(x.device, torch.float64)
         virial = extra if virial is None else virial + extra
-    if x.is_cuda:  # LAMMPS's kernels read the forces next
-        torch.cuda.current_stream(x.device).synchronize()
+    fence(forces)  # LAMMPS's kernels read the forces next
     return KokkosStepResult(
         result.energy, None if virial is None else tuple(float(v) for v in virial.cpu())
     )

@@ -22,6 +22,7 @@ import torch
 from .._model_file import PickledRecord, load_model, model_record, potential_from_record
 from ..contract import AdjointComm, Comm, LocalGraph, Potential, resolve_strategy
 from ..engine import Evaluation, evaluate, potential_device
+from ._streams import fence
 
 #: ML-IAP lists pairs closer than ``2 * rcutfac``: ``MLIAPDummyDescriptor::init``
 #: (src/ML-IAP/mliap_unified.cpp, and src/KOKKOS/mliap_unified_kokkos.cpp) sets every element
@@ -110,16 +111,6 @@ def _abort_if_parallel(error: BaseException) -> None:
     lib.MPI_Abort(world, 1)
 
 
-def _fence(tensor: torch.Tensor) -> None:
-    """Let Kokkos and torch read only what the other has finished writing on ``tensor``'s
-    GPU. Kokkos's default CUDA instance runs on a blocking stream (``cudaStreamCreate``),
-    which CUDA orders both ways against the legacy default stream, torch's default: there
-    every kernel of either already waits for the other's earlier work, and waiting here
-    would only stall the host. On any other torch stream, wait for the whole device."""
-    if tensor.is_cuda and torch.cuda.current_stream(tensor.device).cuda_stream != 0:
-        torch.cuda.synchronize(tensor.device)
-
-
 def _exchanged(exchange: Any, src: torch.Tensor) -> torch.Tensor:
     """``exchange(src, dst, vec_len)`` of ML-IAP on contiguous float32/float64 rows, on the
     device LAMMPS runs on (no host copy)."""
@@ -128,9 +119,9 @@ def _exchanged(exchange: Any, src: torch.Tensor) -> torch.Tensor:
         rows = rows.to(torch.float64)
     rows = rows.contiguous()
     out = torch.empty_like(rows)
-    _fence(rows)
+    fence(rows)
     exchange(rows, out, int(rows.shape[1]))
-    _fence(out)
+    fence(out)
     return out.to(src.dtype).reshape(src.shape)
 
 
@@ -171,7 +162,7 @@ def _read(data: Any, fallback: torch.device, comm: Comm) -> LocalGraph:
     rij = torch.as_tensor(data.rij) if npairs else None
     device = next((t.device for t in (elems, rij) if t is not None), fallback)
     if device.type == "cuda":
-        _fence(torch.empty(0, device=device))  # Kokkos may still be filling the arrays
+        fence(torch.empty(0, device=device))  # Kokkos may still be filling the arrays
 
     def index(t: torch.Tensor | None) -> torch.Tensor:
         return torch.zeros(0, dtype=torch.int64, device=device) if t is None else t.long()
@@ -191,7 +182,7 @@ def _write(data: Any, result: Evaluation, kokkos: bool) -> torch.Tensor | None:
     if kokkos:  # eatoms is a getter over LAMMPS's memory; forces go by raw pointer
         if energies.numel():
             torch.as_tensor(data.eatoms).copy_(energies)
-        _fence(fij)
+        fence(fij)
         if fij.shape[0]:
             data.update_pair_forces_gpu(fij)
         return fij
