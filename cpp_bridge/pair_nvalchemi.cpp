@@ -533,7 +533,7 @@ void PairNvalchemi::settings(int narg, char **arg)
 {
   if (narg < 1) utils::missing_cmd_args(FLERR, "pair_style nvalchemi", error);
   std::string strategy = "auto";
-  std::string device = "cpu";
+  std::string device;    // not given: model_device() decides
   double total_charge = 0.0;
   int spin = -1;    // not given: the model's default
   std::string task; // likewise
@@ -588,7 +588,7 @@ void PairNvalchemi::settings(int narg, char **arg)
   model_path = arg[0];
   std::string message;
   try {
-    session = new PythonSession(model_path, comm->nthreads, device, local_rank);
+    session = new PythonSession(model_path, comm->nthreads, model_device(device), local_rank);
   } catch (std::exception &err) {
     message = err.what();
     log_traceback(err);
@@ -627,6 +627,15 @@ void PairNvalchemi::settings(int narg, char **arg)
                            : std::string("ghost features exchanged after each layer"));
     if (!compiled.empty()) utils::logmesg(lmp, "pair_style nvalchemi: {}\n", compiled);
   }
+}
+
+/* ----------------------------------------------------------------------
+   the model's device: as given, the CPU by default
+------------------------------------------------------------------------- */
+
+std::string PairNvalchemi::model_device(const std::string &given) const
+{
+  return given.empty() ? "cpu" : given;
 }
 
 /* ----------------------------------------------------------------------

@@ -87,6 +87,8 @@ class PairNvalchemi : public Pair {
 
   std::string model_path;    // as given to pair_style, for the messages
 
+  // the device the model runs on, from the keyword device ("" when not given)
+  virtual std::string model_device(const std::string &given) const;
   void allocate();
   void check_same_model();
   void stop_nonfinite(int npairs, bool atom_forces_written, bool scalars, const bigint *slot_i,

@@ -216,6 +216,23 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
 }
 
 /* ----------------------------------------------------------------------
+   the model runs where KOKKOS runs: on a GPU, the one holding this rank's
+   arrays (Kokkos's choice under -k on g N), unless device names one
+------------------------------------------------------------------------- */
+
+template <class DeviceType>
+std::string PairNvalchemiKokkos<DeviceType>::model_device(const std::string &given) const
+{
+#ifdef KOKKOS_ENABLE_CUDA
+  if constexpr (!std::is_same_v<typename DeviceType::memory_space, Kokkos::HostSpace>) {
+    if (given.empty() || given == "cuda")
+      return "cuda:" + std::to_string(typename DeviceType::execution_space().cuda_device());
+  }
+#endif
+  return PairNvalchemi::model_device(given);
+}
+
+/* ----------------------------------------------------------------------
    set coeffs as pair_style nvalchemi does, and the type map on the device
 ------------------------------------------------------------------------- */
 

@@ -56,6 +56,8 @@ template <class DeviceType> class PairNvalchemiKokkos : public PairNvalchemi, pu
   DAT::tdual_double_2d_lr k_vatom;
   // the rows being exchanged (exchange_width values per atom), in the execution space's
   // memory: a view of the model's tensor
+  std::string model_device(const std::string &given) const override;
+
   typedef Kokkos::View<double *, Kokkos::LayoutRight, DeviceType,
                        Kokkos::MemoryTraits<Kokkos::Unmanaged>>
       t_rows;

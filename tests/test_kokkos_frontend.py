@@ -19,7 +19,7 @@ from lammps_helpers import assert_all_close
 from torch.utils.dlpack import to_dlpack
 
 from nvalchemi_lammps import MessagePassing, save_model
-from nvalchemi_lammps.frontends.kokkos import NEIGHMASK, KokkosStepRecord, compute
+from nvalchemi_lammps.frontends.kokkos import NEIGHMASK, KokkosStepRecord, check_device, compute
 from nvalchemi_lammps.frontends.plugin import PluginSession
 from nvalchemi_lammps.reference import evaluate_reference
 
@@ -169,3 +169,12 @@ def test_null_types_and_special_bits_are_dropped(tmp_path):
     assert arrays["atom_energies"][0] == 0.0
     assert np.all(arrays["forces"].numpy()[1 : graph.nlocal] != 0.0)
     assert NEIGHMASK & SPECIAL == 0
+
+
+def test_a_model_elsewhere_than_the_kokkos_arrays_is_refused():
+    """An explicit device keyword that is not where KOKKOS keeps the arrays stops the step
+    with the way out (checked on device objects: no GPU needed)."""
+    check_device(torch.device("cuda", 1), torch.device("cuda", 1))
+    for model in (torch.device("cpu"), torch.device("cuda", 0)):
+        with pytest.raises(ValueError, match=r"arrays are on cuda:1 .* give device cuda:1"):
+            check_device(torch.device("cuda", 1), model)

@@ -32,7 +32,14 @@ from ..engine import Evaluation, evaluate
 from ._streams import fence
 from .plugin import PluginSession, _within_cutoff
 
-__all__ = ["NEIGHMASK", "KokkosComm", "KokkosStepRecord", "KokkosStepResult", "compute"]
+__all__ = [
+    "NEIGHMASK",
+    "KokkosComm",
+    "KokkosStepRecord",
+    "KokkosStepResult",
+    "check_device",
+    "compute",
+]
 
 #: LAMMPS's mask of the atom index in a neighbor-list entry (``NEIGHMASK``, src/lmptype.h);
 #: the bits above it mark special bonds
@@ -173,11 +180,7 @@ def compute(session: PluginSession, step: KokkosStepRecord) -> KokkosStepResult:
     """One step on one rank: LAMMPS's arrays in, forces (energies, virials) added in place."""
     nlocal, ntotal = step.nlocal, step.ntotal
     x = _view(step.positions)
-    if x.device.type != session.device.type:
-        raise ValueError(
-            f"LAMMPS's KOKKOS arrays are on {x.device} but the model is on {session.device}: "
-            f"give pair_style nvalchemi the keyword device {x.device.type}"
-        )
+    check_device(x.device, session.device)
     x = x[:ntotal].to(torch.float64)
     type_map = _view(step.type_map).long()
     species = type_map.index_select(0, _view(step.types)[:ntotal].long())
@@ -247,6 +250,17 @@ def compute(session: PluginSession, step: KokkosStepRecord) -> KokkosStepResult:
     return KokkosStepResult(
         result.energy, None if virial is None else tuple(float(v) for v in virial.cpu())
     )
+
+
+def check_device(arrays: torch.device, model: torch.device) -> None:
+    """Refuse a model on another device than LAMMPS's KOKKOS arrays (an explicit ``device``
+    keyword; without one the pair style puts the model where KOKKOS runs)."""
+    if arrays != model:
+        raise ValueError(
+            f"LAMMPS's KOKKOS arrays are on {arrays} but the model is on {model}: leave out "
+            f"the keyword device of pair_style nvalchemi (the model then runs where KOKKOS "
+            f"runs) or give device {arrays}"
+        )
 
 
 def _stop_nonfinite(
