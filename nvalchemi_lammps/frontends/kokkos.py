@@ -141,9 +141,9 @@ class KokkosComm(AdjointComm):
         rows = src.detach().reshape(src.shape[0], width)
         rows = rows.to(device=self.device, dtype=torch.float64, copy=True).contiguous()
         if width:  # the same width on every rank: all call, or none
-            fence(rows)  # Kokkos's kernels read what torch wrote, then torch what they wrote
+            fence(rows.device)  # Kokkos's kernels read what torch wrote, then torch theirs
             operation(rows.data_ptr(), int(rows.shape[0]), int(width))
-            fence(rows)
+            fence(rows.device)
         return rows.to(device=src.device, dtype=src.dtype).reshape(src.shape)
 
     def _sum(self, x: torch.Tensor) -> torch.Tensor:
@@ -246,7 +246,7 @@ def compute(session: PluginSession, step: KokkosStepRecord) -> KokkosStepResult:
     if result.virial is not None:  # what f.r of the non-pairwise forces misses
         extra = result.virial.to(x.device, torch.float64)
         virial = extra if virial is None else virial + extra
-    fence(forces)  # LAMMPS's kernels read the forces next
+    fence(forces.device)  # LAMMPS's kernels read the forces next
     return KokkosStepResult(
         result.energy, None if virial is None else tuple(float(v) for v in virial.cpu())
     )

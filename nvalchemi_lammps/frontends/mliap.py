@@ -119,9 +119,9 @@ def _exchanged(exchange: Any, src: torch.Tensor) -> torch.Tensor:
         rows = rows.to(torch.float64)
     rows = rows.contiguous()
     out = torch.empty_like(rows)
-    fence(rows)
+    fence(rows.device)
     exchange(rows, out, int(rows.shape[1]))
-    fence(out)
+    fence(out.device)
     return out.to(src.dtype).reshape(src.shape)
 
 
@@ -161,8 +161,7 @@ def _read(data: Any, fallback: torch.device, comm: Comm) -> LocalGraph:
     pair_j = torch.as_tensor(data.pair_j) if npairs else None
     rij = torch.as_tensor(data.rij) if npairs else None
     device = next((t.device for t in (elems, rij) if t is not None), fallback)
-    if device.type == "cuda":
-        fence(torch.empty(0, device=device))  # Kokkos may still be filling the arrays
+    fence(device)  # Kokkos may still be filling the arrays
 
     def index(t: torch.Tensor | None) -> torch.Tensor:
         return torch.zeros(0, dtype=torch.int64, device=device) if t is None else t.long()
@@ -182,7 +181,7 @@ def _write(data: Any, result: Evaluation, kokkos: bool) -> torch.Tensor | None:
     if kokkos:  # eatoms is a getter over LAMMPS's memory; forces go by raw pointer
         if energies.numel():
             torch.as_tensor(data.eatoms).copy_(energies)
-        fence(fij)
+        fence(fij.device)
         if fij.shape[0]:
             data.update_pair_forces_gpu(fij)
         return fij
