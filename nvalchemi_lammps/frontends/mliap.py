@@ -110,14 +110,14 @@ def _abort_if_parallel(error: BaseException) -> None:
     lib.MPI_Abort(world, 1)
 
 
-def _fence(tensor: torch.Tensor) -> None:
-    """Let Kokkos and torch read only what the other has finished writing on ``tensor``'s
-    GPU. Kokkos's default CUDA instance runs on a blocking stream (``cudaStreamCreate``),
-    which CUDA orders both ways against the legacy default stream, torch's default: there
-    every kernel of either already waits for the other's earlier work, and waiting here
-    would only stall the host. On any other torch stream, wait for the whole device."""
-    if tensor.is_cuda and torch.cuda.current_stream(tensor.device).cuda_stream != 0:
-        torch.cuda.synchronize(tensor.device)
+def _fence(device: torch.device) -> None:
+    """Let Kokkos and torch read only what the other has finished writing on ``device``.
+    Kokkos's default CUDA instance runs on a blocking stream (``cudaStreamCreate``), which
+    CUDA orders both ways against the legacy default stream, torch's default: there every
+    kernel of either already waits for the other's earlier work, and waiting here would
+    only stall the host. On any other torch stream, wait for the whole device."""
+    if device.type == "cuda" and torch.cuda.current_stream(device).cuda_stream != 0:
+        torch.cuda.synchronize(device)
 
 
 def _exchanged(exchange: Any, src: torch.Tensor) -> torch.Tensor:
@@ -128,9 +128,9 @@ def _exchanged(exchange: Any, src: torch.Tensor) -> torch.Tensor:
         rows = rows.to(torch.float64)
     rows = rows.contiguous()
     out = torch.empty_like(rows)
-    _fence(rows)
+    _fence(rows.device)
     exchange(rows, out, int(rows.shape[1]))
-    _fence(out)
+    _fence(out.device)
     return out.to(src.dtype).reshape(src.shape)
 
 
@@ -170,8 +170,7 @@ def _read(data: Any, fallback: torch.device, comm: Comm) -> LocalGraph:
     pair_j = torch.as_tensor(data.pair_j) if npairs else None
     rij = torch.as_tensor(data.rij) if npairs else None
     device = next((t.device for t in (elems, rij) if t is not None), fallback)
-    if device.type == "cuda":
-        _fence(torch.empty(0, device=device))  # Kokkos may still be filling the arrays
+    _fence(device)  # Kokkos may still be filling the arrays
 
     def index(t: torch.Tensor | None) -> torch.Tensor:
         return torch.zeros(0, dtype=torch.int64, device=device) if t is None else t.long()
@@ -191,7 +190,7 @@ def _write(data: Any, result: Evaluation, kokkos: bool) -> torch.Tensor | None:
     if kokkos:  # eatoms is a getter over LAMMPS's memory; forces go by raw pointer
         if energies.numel():
             torch.as_tensor(data.eatoms).copy_(energies)
-        _fence(fij)
+        _fence(fij.device)
         if fij.shape[0]:
             data.update_pair_forces_gpu(fij)
         return fij
@@ -267,9 +266,10 @@ class MLIAPModel(MLIAPUnified):
             raise error from (None if error is err else err)
 
     def _compute_forces(self, data: Any) -> None:
-        graph = _read(data, potential_device(self.potential), self._comm(data))
+        device = potential_device(self.potential)
+        graph = _read(data, device, self._comm(data))
         self._in_flight = None  # _read waited for Kokkos, which is done reading it
-        if potential_device(self.potential) != graph.rij.device:
+        if device != graph.rij.device:
             self.potential.to(graph.rij.device)
         with torch.enable_grad():
             result = evaluate(self.potential, graph)
