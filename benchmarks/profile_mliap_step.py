@@ -14,7 +14,7 @@ pointer and only copied, as LAMMPS's kernel reads them.
     python benchmarks/profile_mliap_step.py --device cuda --atoms 864 19652 --dtype float32
 
 Prints, per model: ms/step (median and best of ``--repeats`` runs of ``--steps`` steps,
-timed without the profiler, the two models in turns), then from one profiled run
+timed without the profiler, the two models in turns) and the process's CPU ms/step, then from one profiled run
 (``torch.profiler``, CPU activities) per step: aten ops called (nested ones too), the
 syncing ops (``item``/``_local_scalar_dense``, ``nonzero``: a host sync on a GPU; on the CPU
 ``one_hot`` adds two ``item`` of its own; ``tolist``/``cpu`` count as copies), copies and
@@ -29,7 +29,6 @@ import argparse
 import collections
 import contextlib
 import copy
-import statistics
 import sys
 import time
 import warnings
@@ -193,14 +192,15 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_steps(model, steps: list[StepData], count: int, device: str) -> float:
-    """Seconds per ``compute_forces`` call over ``count`` calls, on ``steps`` in turn."""
+def run_steps(model, steps: list[StepData], count: int, device: str) -> tuple[float, float]:
+    """Wall and process CPU seconds per ``compute_forces`` call over ``count`` calls, on
+    ``steps`` in turn (CPU time: what other processes on a shared host inflate least)."""
     _sync(device)
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     for k in range(count):
         model.compute_forces(steps[k % len(steps)].data)
     _sync(device)
-    return (time.perf_counter() - start) / count
+    return (time.perf_counter() - wall) / count, (time.process_time() - cpu) / count
 
 
 def profile(model, steps: list[StepData], count: int, device: str) -> dict:
@@ -209,7 +209,7 @@ def profile(model, steps: list[StepData], count: int, device: str) -> dict:
     from torch.profiler import profile as torch_profile
 
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-        wall = run_steps(model, steps, count, device)
+        wall, _ = run_steps(model, steps, count, device)
     counts, self_us = collections.Counter(), 0.0
     for event in prof.key_averages():
         if event.key.startswith("aten::"):
@@ -242,17 +242,19 @@ def compare(args: argparse.Namespace, atoms: int, dtype: str) -> None:
         f"{arrays.npairs} pairs), {dtype}, {args.kernels}, {device}, torch {torch.__version__}"
     )
     steps = {name: [StepData(a, owner, device == "cuda") for a, owner in variants] for name in both}
-    times: dict[str, list[float]] = {name: [] for name in both}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in both}
     for name, model in both.items():
         run_steps(model, steps[name], args.warmup, device)
     for repeat in range(args.repeats):  # in turns, each first every other time: fair on a busy host
         for name in list(both)[:: 1 if repeat % 2 else -1]:
-            times[name].append(1e3 * run_steps(both[name], steps[name], args.steps, device))
+            times[name].append(run_steps(both[name], steps[name], args.steps, device))
     results, forces = {}, {}
     for name, model in both.items():
+        wall, cpu = (1e3 * np.array(t) for t in zip(*times[name]))
         results[name] = {
-            "ms/step (median)": statistics.median(times[name]),
-            "ms/step (best)": min(times[name]),
+            "ms/step (median)": float(np.median(wall)),
+            "ms/step (best)": float(wall.min()),
+            "CPU ms/step (median)": float(np.median(cpu)),
         }
         results[name].update(summary(prof := profile(model, steps[name], args.steps, device)))
         results[name]["_counts"] = prof["counts"]
