@@ -57,6 +57,27 @@ def _energy_and_finite(owned: torch.Tensor, grads: list[torch.Tensor]) -> tuple[
     return energy, all(map(math.isfinite, [energy, *rest]))
 
 
+def _check_pair_vectors(graph: LocalGraph) -> None:
+    """Name the first pair whose vector is not finite (NaN or infinite positions), if any;
+    one sum sees any NaN or infinity (pair vectors cannot overflow it)."""
+    rij = graph.rij
+    if bool(torch.isfinite(rij.sum())) or bool(torch.isfinite(rij).all()):
+        return
+    bad = int((~torch.isfinite(rij).all(dim=1)).nonzero()[0, 0])
+    raise ValueError(
+        f"non-finite pair vector between atoms {int(graph.pair_i[bad])} and "
+        f"{int(graph.pair_j[bad])} (NaN or infinite positions)"
+    )
+
+
+def _checked(result: Evaluation, graph: LocalGraph) -> Evaluation:
+    """``result``, whose finiteness includes that of ``graph``'s pair vectors (read back with
+    the energy, without a host sync of its own); if those are not finite, say which."""
+    if not result.finite:
+        _check_pair_vectors(graph)
+    return result
+
+
 def potential_device(potential: Potential) -> torch.device:
     """Where the potential's weights live (the CPU for one without any)."""
     for tensor in potential.parameters():
@@ -113,15 +134,11 @@ def evaluate(
     rij, pair_i, pair_j, nlocal = graph.rij, graph.pair_i, graph.pair_j, graph.nlocal
     if rij.dtype != torch.float64:
         raise TypeError(f"pair vectors must be float64, got {rij.dtype}")
-    # one sum sees any NaN or infinity (pair vectors cannot overflow it); the per-element
-    # check, several times slower, only runs to name the atoms
-    if not bool(torch.isfinite(rij.sum())) and not bool(torch.isfinite(rij).all()):
-        bad = int((~torch.isfinite(rij).all(dim=1)).nonzero()[0, 0])
-        raise ValueError(
-            f"non-finite pair vector between atoms {int(pair_i[bad])} and {int(pair_j[bad])} "
-            "(NaN or infinite positions)"
-        )
     spec = potential.spec
+    if spec.needs_positions:
+        # positions may index grids or cells: stop before the potential reads them (else the
+        # pair vectors' sum is read back with the energy, see _checked)
+        _check_pair_vectors(graph)
     dtype = spec.torch_dtype
     device = potential_device(potential)
     leaf = rij.detach().to(device, non_blocking=True).requires_grad_(True)
@@ -142,6 +159,7 @@ def evaluate(
             "pbc": tuple(bool(p) for p in graph.pbc),
             "charges": None if graph.charges is None else graph.charges.to(device, dtype),
         }
+    given = graph
     graph = dataclasses.replace(
         graph,
         species=graph.species.to(device, non_blocking=True),
@@ -155,9 +173,10 @@ def evaluate(
         with torch.no_grad():
             terms = potential.pair_terms(graph)
         if terms is not None:
-            return _from_pair_terms(
+            result = _from_pair_terms(
                 graph, leaf.detach(), *terms, pair_scalars, half_pairs, atom_energies
             )
+            return _checked(result, given)
         if half_pairs:
             raise ValueError(
                 f"potential '{potential.name}' declares symmetric pair terms but gave none"
@@ -180,8 +199,10 @@ def evaluate(
             grads = list(torch.autograd.grad(total, leaves, allow_unused=True))
     grads = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads)]
     owned = owned.detach().to(torch.float64)
-    energy, finite = _energy_and_finite(owned, grads)
-    result = Evaluation(energy, atom_energies=owned, pair_forces=grads[0], finite=finite)
+    energy, finite = _energy_and_finite(owned, [*grads, leaf.detach()])
+    result = _checked(
+        Evaluation(energy, atom_energies=owned, pair_forces=grads[0], finite=finite), given
+    )
     if not spec.needs_positions:
         return result
     position_grad, cell_grad = grads[1], grads[2]
@@ -227,7 +248,7 @@ def _from_pair_terms(
         rows = energies if half else energies[: graph.nlocal]
     pair_forces = None if scalars else derivative.unsqueeze(1) * rij
     summed = pair_energy if rows is None else rows
-    energy, finite = _energy_and_finite(summed, [derivative if scalars else pair_forces])
+    energy, finite = _energy_and_finite(summed, [derivative if scalars else pair_forces, rij])
     if rows is None and half:
         energy *= 2.0  # each share stands for both atoms' (exact: a power of two)
     return Evaluation(

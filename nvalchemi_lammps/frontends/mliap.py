@@ -257,9 +257,10 @@ class MLIAPModel(MLIAPUnified):
             raise error from (None if error is err else err)
 
     def _compute_forces(self, data: Any) -> None:
-        graph = _read(data, potential_device(self.potential), self._comm(data))
+        device = potential_device(self.potential)
+        graph = _read(data, device, self._comm(data))
         self._in_flight = None  # _read waited for Kokkos, which is done reading it
-        if potential_device(self.potential) != graph.rij.device:
+        if device != graph.rij.device:
             self.potential.to(graph.rij.device)
         with torch.enable_grad():
             result = evaluate(self.potential, graph)

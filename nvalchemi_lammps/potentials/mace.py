@@ -3,13 +3,14 @@
 The potential runs the blocks of a mace-torch ``MACE`` or ``ScaleShiftMACE`` itself, in the
 order of their own ``forward``: E0s, node embedding, spherical harmonics and radial
 embedding of the edges, then per layer an interaction block and a product basis block, then
-the readouts (and scale/shift). Between layers it calls ``graph.comm.forward_exchange`` on
-the node features, where mace-torch's LAMMPS ML-IAP path calls its ``LAMMPS_MP`` inside each
-interaction block (``InteractionBlock.handle_lammps``): after ``linear_up`` there, before the
-interaction here, which is the same thing for the owned atoms because ``linear_up`` acts on
-each atom on its own. The same code then serves a single process (``NoOpComm``), the exchange
-strategy (ghost rows refreshed from their owners) and the widened shell (the exchange is the
-identity and ghosts compute their own features).
+the readouts (and scale/shift). With the exchange strategy (ghost rows refreshed from their
+owners) the interaction blocks exchange the ghosts' features themselves, as in mace-torch's
+LAMMPS ML-IAP path (``InteractionBlock.handle_lammps``, after ``linear_up``), through
+``graph.comm``, and update the owned rows only. Otherwise (a single process, ``NoOpComm``;
+the widened shell, whose exchange is the identity and whose ghosts compute their own
+features) the potential calls ``graph.comm.forward_exchange`` on the node features between
+layers, which is the same thing for the owned atoms because ``linear_up`` acts on each atom
+on its own.
 
 mace-torch is an optional dependency (``pip install 'nvalchemi-lammps[mace]'``), imported
 only when a MACE model is built. The network runs on e3nn's kernels or on cuEquivariance's
@@ -30,7 +31,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import importlib
+import inspect
 import io
 import os
 import sys
@@ -41,7 +44,7 @@ from typing import Any
 
 import torch
 
-from ..contract import LocalGraph, ModelSpec, check_keys
+from ..contract import Comm, LocalGraph, ModelSpec, check_keys
 from ._base import Potential, register_potential
 from ._layers import (
     Rows,
@@ -303,7 +306,8 @@ def _to_e3nn(model: torch.nn.Module) -> torch.nn.Module:
 def _to_cuequivariance(network: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """``network`` (e3nn's form) on cuEquivariance's kernels for ``device``, by mace-torch's
     converter: with its fused convolution on a CUDA device (the layout mace-torch's ML-IAP
-    export uses, ``ir_mul``).
+    export uses, ``ir_mul``), all in ``network``'s dtype: cuEquivariance keeps its path
+    coefficients as float64 buffers and casts each to the input's dtype at every call.
 
     :raises ValueError: the converter does not take this model
     """
@@ -322,7 +326,7 @@ def _to_cuequivariance(network: torch.nn.Module, device: torch.device) -> torch.
             f"mace-torch's cuEquivariance converter does not take this MACE model ({err}); "
             'use kernels = "e3nn"'
         ) from None
-    return converted.to(device).eval()
+    return _inference(converted.to(device=device, dtype=dtype))
 
 
 def _check_model_class(model: Any) -> None:
@@ -482,6 +486,14 @@ def build_model(config: dict[str, Any]) -> torch.nn.Module:
         return cls(**config)
 
 
+def _inference(network: torch.nn.Module) -> torch.nn.Module:
+    """``network`` in eval mode with weights that need no gradient: the engine differentiates
+    by the pair vectors only, and autograd records every operation on a weight that does."""
+    for parameter in network.parameters():
+        parameter.requires_grad_(False)
+    return network.eval()
+
+
 def _head_index(heads: list[str], head: str | None) -> int:
     """Which head to evaluate: the named one; the only one; else the one called default."""
     if head is not None:
@@ -548,7 +560,7 @@ class Mace(Potential):
         _check_keys(model)
         heads = list(model["heads"])
         self.head_index = _head_index(heads, head)
-        self.model = build_model(model).to(_DTYPES[dtype]).eval()
+        self.model = _inference(build_model(model).to(_DTYPES[dtype]))
         self.spec = ModelSpec(
             elements=_element_symbols(list(model["atomic_numbers"])),
             cutoff=float(model["r_max"]),
@@ -687,7 +699,7 @@ class Mace(Potential):
         if reduced and not _cueq_available():
             raise ImportError(f"this MACE model cannot be built here: {_CUEQ_HINT}")
         config["use_reduced_cg"] = reduced
-        self.model = build_model(config).to(self.spec.torch_dtype).eval()
+        self.model = _inference(build_model(config).to(self.spec.torch_dtype))
         return self.model.load_state_dict(state)
 
     @classmethod
@@ -812,7 +824,7 @@ class Mace(Potential):
         network.load_state_dict(self.model.state_dict())
         compiled = copy.copy(self)
         compiled._modules = dict(self._modules)
-        compiled.model = simplify(network).to(next(self.model.parameters())).eval()
+        compiled.model = _inference(simplify(network).to(next(self.model.parameters())))
         # compiled code runs e3nn's kernels (cuEquivariance's are not traced here)
         object.__setattr__(compiled, "_cueq", None)
         object.__setattr__(compiled, "_cueq_stale", False)
@@ -830,7 +842,6 @@ def _node_energies(
     num_elements = len(model.atomic_numbers)
     node_attrs = torch.nn.functional.one_hot(graph.species.clamp(min=0), num_elements)
     node_attrs = (node_attrs * mapped[:, None]).to(dtype)
-    node_heads = torch.full_like(graph.species, head)
     # MACE's edges run sender -> receiver, edge_index = [sender, receiver], and its edge
     # vector is x[receiver] - x[sender] (mace.modules.utils.get_edge_vectors_and_lengths);
     # here j sends to i and rij = x[j] - x[i].
@@ -838,7 +849,9 @@ def _node_energies(
     vectors = -graph.rij.to(dtype)
     lengths = torch.linalg.vector_norm(vectors, dim=1, keepdim=True)
 
-    node_e0 = model.atomic_energies_fn(node_attrs)[:, head]
+    # energies of the owned rows; ghost rows' are never read
+    owned = energy_rows(graph)
+    node_e0 = model.atomic_energies_fn(node_attrs[:owned])[:, head]
     node_feats = model.node_embedding(node_attrs)
     edge_attrs = model.spherical_harmonics(vectors)
     edge_feats, cutoff = model.radial_embedding(
@@ -846,9 +859,42 @@ def _node_energies(
     )
     if hasattr(model, "pair_repulsion"):
         pair_energy = model.pair_repulsion_fn(lengths, node_attrs, edge_index, model.atomic_numbers)
+        pair_energy = pair_energy[:owned]
     else:
         pair_energy = torch.zeros_like(node_e0)
 
+    edges = (edge_attrs, edge_feats, edge_index, cutoff)
+    if _exchanges_in_blocks(graph, model):
+        features = _owned_features(model, graph, node_attrs, node_feats, *edges)
+    else:
+        features = _row_features(model, graph, node_attrs, node_feats, *edges)
+
+    node_heads = graph.species.new_full((owned,), head)
+    readout_energies = [
+        readout(features[-1 if len(model.readouts) == 1 else k][:owned], node_heads)[:, head]
+        for k, readout in enumerate(model.readouts)
+    ]
+    if hasattr(model, "scale_shift"):
+        # ScaleShiftMACE scales the pair repulsion with the readouts, not the E0s
+        interaction_energy = torch.stack([pair_energy, *readout_energies]).sum(dim=0)
+        energies = node_e0 + model.scale_shift(interaction_energy, node_heads)
+    else:
+        energies = torch.stack([node_e0, pair_energy, *readout_energies]).sum(dim=0)
+    return with_ghost_rows(torch.where(mapped[:owned], energies, 0.0), graph.ntotal)
+
+
+def _row_features(
+    model: torch.nn.Module,
+    graph: LocalGraph,
+    node_attrs: torch.Tensor,
+    node_feats: torch.Tensor,
+    edge_attrs: torch.Tensor,
+    edge_feats: torch.Tensor,
+    edge_index: torch.Tensor,
+    cutoff: torch.Tensor | None,
+) -> list[torch.Tensor]:
+    """Every layer's features, rows of the whole graph (``updated_rows`` decides which are
+    computed), ghost rows exchanged between layers by ``graph.comm``."""
     features = []
     plan = updated_rows(graph, len(model.interactions))
     for layer, (interaction, product, rows) in enumerate(
@@ -866,32 +912,88 @@ def _node_energies(
         if rows is not None:
             node_feats, attrs = node_feats[rows], node_attrs[rows]
             sc = None if sc is None else sc[rows]
-        if len(node_feats):
-            node_feats = product(node_feats=node_feats, sc=sc, node_attrs=attrs)
-        else:
-            # mace's symmetric contraction cannot reshape zero rows; a rank without atoms
-            # still exchanges (and reverse-exchanges in backward) like every other rank,
-            # so its empty features stay connected to the pair vectors
-            width = product.linear.irreps_out.dim
-            node_feats = node_feats.sum() * node_feats.new_zeros(0, width)
-        node_feats = scattered(rows, node_feats, graph.ntotal)
+        node_feats = scattered(rows, _product(product, node_feats, sc, attrs), graph.ntotal)
         features.append(node_feats)
+    return features
 
-    # energies of the owned rows; ghost rows' are never read
-    owned = energy_rows(graph)
-    node_heads = node_heads[:owned]
-    readout_energies = [
-        readout(features[-1 if len(model.readouts) == 1 else k][:owned], node_heads)[:, head]
-        for k, readout in enumerate(model.readouts)
-    ]
-    node_e0, pair_energy = node_e0[:owned], pair_energy[:owned]
-    if hasattr(model, "scale_shift"):
-        # ScaleShiftMACE scales the pair repulsion with the readouts, not the E0s
-        interaction_energy = torch.stack([pair_energy, *readout_energies]).sum(dim=0)
-        energies = node_e0 + model.scale_shift(interaction_energy, node_heads)
-    else:
-        energies = torch.stack([node_e0, pair_energy, *readout_energies]).sum(dim=0)
-    return with_ghost_rows(torch.where(mapped[:owned], energies, 0.0), graph.ntotal)
+
+def _owned_features(
+    model: torch.nn.Module,
+    graph: LocalGraph,
+    node_attrs: torch.Tensor,
+    node_feats: torch.Tensor,
+    edge_attrs: torch.Tensor,
+    edge_feats: torch.Tensor,
+    edge_index: torch.Tensor,
+    cutoff: torch.Tensor | None,
+) -> list[torch.Tensor]:
+    """Every layer's features of the owned rows, for the exchange strategy, as mace-torch's
+    ML-IAP path runs the blocks: past the first layer an interaction takes the owned rows,
+    exchanges the ghosts' after its ``linear_up`` (``InteractionBlock.handle_lammps``, here
+    through ``graph.comm``) and keeps the owned rows' messages, so no per-atom work is done
+    on ghost rows but the first layer's embedding."""
+    nlocal = graph.nlocal
+    hook = _ExchangeHook(graph.comm)
+    natoms = (nlocal, graph.ntotal - nlocal)
+    owned_attrs = node_attrs[:nlocal]
+    features = []
+    for layer, (interaction, product) in enumerate(zip(model.interactions, model.products)):
+        node_feats, sc = interaction(
+            node_attrs=owned_attrs if layer else node_attrs,
+            node_feats=node_feats,
+            edge_attrs=edge_attrs,
+            edge_feats=edge_feats,
+            edge_index=edge_index,
+            cutoff=cutoff,
+            first_layer=layer == 0,
+            lammps_class=hook,
+            lammps_natoms=natoms,
+        )
+        node_feats = _product(product, node_feats, sc, owned_attrs)
+        features.append(node_feats)
+    return features
+
+
+def _product(
+    product: torch.nn.Module, node_feats: torch.Tensor, sc: torch.Tensor | None, attrs: torch.Tensor
+) -> torch.Tensor:
+    """The product basis block on ``node_feats``' rows, also on none."""
+    if len(node_feats):
+        return product(node_feats=node_feats, sc=sc, node_attrs=attrs)
+    # mace's symmetric contraction cannot reshape zero rows; a rank without atoms still
+    # exchanges (and reverse-exchanges in backward) like every other rank, so its empty
+    # features stay connected to the pair vectors
+    width = product.linear.irreps_out.dim
+    return node_feats.sum() * node_feats.new_zeros(0, width)
+
+
+class _ExchangeHook:
+    """mace-torch's ghost exchange (``lammps_class`` of its interaction blocks, called by
+    ``mace.tools.utils.LAMMPS_MP``: forward after ``linear_up``, reverse in the backward)
+    over the contract's collectives."""
+
+    def __init__(self, comm: Comm) -> None:
+        self.comm = comm
+
+    def forward_exchange(self, src: torch.Tensor, dst: torch.Tensor, width: int) -> None:
+        dst.copy_(self.comm.forward_exchange(src))
+
+    def reverse_exchange(self, src: torch.Tensor, dst: torch.Tensor, width: int) -> None:
+        dst.copy_(self.comm.reverse_exchange(src))
+
+
+def _exchanges_in_blocks(graph: LocalGraph, model: torch.nn.Module) -> bool:
+    """Run the blocks as mace-torch's ML-IAP path does (:func:`_owned_features`): with the
+    exchange strategy, outside ``torch.compile`` (which updates every row), where every
+    interaction block takes the exchange hook (mace-torch's ``lammps_natoms``)."""
+    if not graph.comm.exchange or torch.compiler.is_compiling():
+        return False
+    return all(_takes_exchange_hook(type(block)) for block in model.interactions)
+
+
+@functools.cache
+def _takes_exchange_hook(block: type) -> bool:
+    return "lammps_natoms" in inspect.signature(block.forward).parameters
 
 
 def _receiving_edges(
