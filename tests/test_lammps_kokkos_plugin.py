@@ -238,6 +238,15 @@ MODELS = {
     "pipeline-exchange": Model(
         "pipeline_model", "argon_krypton", "Ar Kr", "strategy exchange", stress=False
     ),
+    # charges predicted on each rank's atoms (equilibrated over ranks), read by PME
+    "pipeline-aimnet2-pme": Model(
+        "aimnet2_pme_model",
+        "molecules",
+        "H C N O",
+        "strategy exchange charge 1",
+        total_charge=1.0,
+        stress=False,
+    ),
     # compiled on CPU takes a while: one small case, and not twice (kk and plain)
     "mp-compile": Model(
         "mp_model", keywords="strategy exchange compile yes", nprocs=(1, 2), versus_plugin=False
@@ -298,6 +307,16 @@ def pipeline_model(tmp_path_factory) -> tuple[object, Path]:
 
     potential = Pipeline(terms())
     return potential, save_model(potential, tmp_path_factory.mktemp("kk") / "pipeline.pt")
+
+
+@pytest.fixture(scope="module")
+def aimnet2_pme_model(aimnet2_model, tmp_path_factory) -> tuple[object, Path]:
+    """AIMNet2's predicted charges into PME (with the background of a net charge), as in
+    tests/test_lammps_pipeline_mlips.py."""
+    elements = ["H", "C", "N", "O"]
+    pme = Pme(elements, cutoff=6.0, alpha=0.5, mesh=12, order=5, background=True)
+    potential = Pipeline([aimnet2_model[0], pme], charges_from=[None, 0])
+    return potential, save_model(potential, tmp_path_factory.mktemp("kk") / "aimnet2_pme.pt")
 
 
 CASES = [
