@@ -10,10 +10,10 @@ energy, forces, pressure, per-atom virial stress): Lennard-Jones; message passin
 features exchanged through KOKKOS's pair communication, forward and, in the backward pass,
 reverse, on its device and host paths; and the widened shell); MACE; DFT-D3; AIMNet2 with a
 net charge (charge equilibration summed over ranks); Ewald and PME (positions, the cell,
-charges from KOKKOS's ``q``); a pipeline (Lennard-Jones + message passing + Ewald); the
-message-passing model under ``compile yes`` (1 and 2 ranks). 200 NVE steps on 2 and 4 ranks
-equal to 1 rank. Non-finite results and the plugin's input checks stop the run with the
-plugin's messages.
+charges from KOKKOS's ``q``); pipelines (Lennard-Jones + message passing + Ewald; AIMNet2's
+charges into PME); the message-passing model under ``compile yes`` (1 and 2 ranks). 200
+NVE steps on 2 and 4 ranks equal to 1 rank. Non-finite results and the plugin's input
+checks stop the run with the plugin's messages.
 """
 
 from __future__ import annotations
