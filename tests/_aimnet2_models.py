@@ -55,6 +55,15 @@ def molecular_box(
     )
 
 
+def molecules_vacuum() -> System:
+    """:func:`molecular_box` with the box doubled along z: vacuum (6.8 Angstrom, more than
+    the cutoff) above the molecules."""
+    base = molecular_box()
+    cell = base.cell.copy()
+    cell[2, 2] *= 2.0
+    return System("molecules_vacuum", base.positions, cell, base.pbc, base.species, base.elements)
+
+
 def aimnet_forward(model: torch.nn.Module, system: System, charge: float = 0.0) -> dict:
     """aimnet's ``AIMNet2.forward_prepared`` on ``system`` (float64), in aimnet's own periodic
     layout: coordinates, cell, and a neighbor matrix of integer image shifts from vesin.

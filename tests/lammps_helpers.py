@@ -67,6 +67,10 @@ GLOBAL = {
 
 MEASURED: list[tuple[str, str, float]] = []
 
+#: What the pair style prints after a run under ``compile``: graphs compiled in the run, and
+#: in all.
+COMPILED = re.compile(r"torch\.compile: (\d+) graph\(s\) compiled during this run, (\d+) in all")
+
 #: A ``BaseException`` raised inside a model (``raises``: ``exit`` or ``interrupt``; on
 #: ``failing_rank``, -1: every rank) and what LAMMPS must say, for both front doors.
 BASE_EXCEPTIONS = pytest.mark.parametrize(
@@ -292,10 +296,18 @@ def assert_matches_reference(
     assert_all_close(label, pairs, tol=tol)
 
 
-def assert_runs_agree(label: str, run: tuple, other: tuple, tol: float) -> None:
+def assert_runs_agree(
+    label: str, run: tuple, other: tuple, tol: float, stress: bool = False
+) -> None:
     """Two ``run 0``s, each ``(dump, printed results)``: energy, per-atom energy, forces
-    and pressure within ``tol``."""
+    and pressure within ``tol``; with ``stress``, the per-atom virial stress too."""
     (atoms, results), (other_atoms, other_results) = run, other
+    columns = PER_ATOM["stress_per_atom"]
+    per_atom_stress = (
+        {"stress_per_atom": (per_atom(atoms, columns), per_atom(other_atoms, columns))}
+        if stress
+        else {}
+    )
     assert_all_close(
         label,
         {
@@ -309,6 +321,7 @@ def assert_runs_agree(label: str, run: tuple, other: tuple, tol: float) -> None:
                 np.array([results[p] for p in PRESSURE]),
                 np.array([other_results[p] for p in PRESSURE]),
             ),
+            **per_atom_stress,
         },
         tol=tol,
     )

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _aimnet2_models import molecular_box, random_aimnet2
+from _aimnet2_models import molecular_box, molecules_vacuum, random_aimnet2
 from _systems import BAD_TOTAL_CHARGES, System, assert_null_atom_left_out, in_float32
 from _uma_models import BALANCED_BACKBONE, copper_oxide_box, copper_oxide_slab, random_uma
 from lammps_helpers import (
@@ -90,15 +90,6 @@ class ChargedModel:
     charge_changes: tuple[str, str] | None = None
 
 
-def _molecules_vacuum() -> System:
-    """molecular_box with the box doubled along z: vacuum (6.8 Angstrom, more than the
-    cutoff) above the molecules."""
-    base = molecular_box()
-    cell = base.cell.copy()
-    cell[2, 2] *= 2.0
-    return System("molecules_vacuum", base.positions, cell, base.pbc, base.species, base.elements)
-
-
 def _aimnet2_models() -> dict:
     double = random_aimnet2(seed=0, dtype="float64")
     return {"float64": double, "float32": in_float32(double)}
@@ -126,7 +117,7 @@ MODELS = {
     # float32: measured 2e-9 (energy) to 7e-7 (forces, virial) (neighbor sums, index_add
     # over pairs, the all-reduce); an error of the function shows up at 1e-4 (test_aimnet2.py)
     "aimnet2": ChargedModel(
-        _molecules_vacuum, _aimnet2_models, AIMNET2_CASES, 1e-5, ("f64_neutral", "f64_anion")
+        molecules_vacuum, _aimnet2_models, AIMNET2_CASES, 1e-5, ("f64_neutral", "f64_anion")
     ),
     # float32: measured at most 3.6e-7 (forces; energy 1.6e-8) (edge messages scattered to
     # atoms, the exchange); a change of the function moves the forces by 1e-1 (test_uma.py)

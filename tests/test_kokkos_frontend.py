@@ -10,6 +10,7 @@ a GPU, where the capsules are CUDA's.
 from __future__ import annotations
 
 import ctypes
+import re
 
 import numpy as np
 import pytest
@@ -178,3 +179,18 @@ def test_a_model_elsewhere_than_the_kokkos_arrays_is_refused():
     for model in (torch.device("cpu"), torch.device("cuda", 0)):
         with pytest.raises(ValueError, match=r"arrays are on cuda:1 .* give device cuda:1"):
             check_device(torch.device("cuda", 1), model)
+
+
+def test_model_on_another_device_than_the_arrays_is_an_error(tmp_path):
+    """LAMMPS's KOKKOS arrays in one memory, the model on another device (here a model
+    said to be on CUDA, arrays on the host): the step stops, naming the keyword that fixes
+    it, before anything is read or written."""
+    system = fcc_argon_222()
+    session = PluginSession(str(save_model(lennard_jones(system, 6.0), tmp_path / "m.pt")), 1)
+    session.device = torch.device("cuda", 0)  # where `device cuda` would have put it
+    graph, positions, neighbors, numneigh = _rank_arrays(system, 6.0)
+    record, arrays = _step(graph, positions, neighbors, numneigh, system.species, None, system.cell)
+    message = "LAMMPS's KOKKOS arrays are on cpu but the model is on cuda:0: leave out the "
+    with pytest.raises(ValueError, match=re.escape(message) + ".* give device cpu"):
+        compute(session, record)
+    assert not arrays["forces"].any()

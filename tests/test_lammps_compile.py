@@ -9,12 +9,12 @@ after its first step: the pair style's count says 0.
 
 from __future__ import annotations
 
-import re
 import textwrap
 
 import pytest
 from _systems import ar_ne_slab
 from lammps_helpers import (
+    COMPILED,
     NPROCS,
     assert_matches_reference,
     atoms_per_rank,
@@ -28,8 +28,6 @@ from nvalchemi_lammps.lammps_run import read_dump, read_results, run_lammps, wri
 from nvalchemi_lammps.reference import evaluate_reference
 
 pytestmark = pytest.mark.lammps
-
-COMPILED = re.compile(r"torch\.compile: (\d+) graph\(s\) compiled during this run, (\d+) in all")
 
 
 def _mace():

@@ -4,11 +4,16 @@ SERIAL``: Kokkos's Serial space runs the same /kk code as a GPU, on the host) wi
 compiled against it (``tools/build_plugin_kokkos.sh``), on 1, 2 and 4 ranks (a rank without
 atoms at 4). Found through ``NVALCHEMI_LAMMPS_KOKKOS`` (the PREFIX of both scripts).
 
-Per atom by ID, to 1e-10 relative in float64: a Lennard-Jones model and a message-passing
-model (ghost features exchanged through KOKKOS's pair communication, forward and, in the
-backward pass, reverse; and the widened shell) against the single-process reference
-without LAMMPS and against ``pair_style nvalchemi`` in the same LAMMPS; 200 NVE steps on
-2 and 4 ranks equal to 1 rank.
+Per atom by ID, to 1e-10 relative in float64, against the single-process reference without
+LAMMPS and against ``pair_style nvalchemi`` in the same LAMMPS process (energy, per-atom
+energy, forces, pressure, per-atom virial stress): Lennard-Jones; message passing (ghost
+features exchanged through KOKKOS's pair communication, forward and, in the backward pass,
+reverse, on its device and host paths; and the widened shell); MACE; DFT-D3; AIMNet2 with a
+net charge (charge equilibration summed over ranks); Ewald and PME (positions, the cell,
+charges from KOKKOS's ``q``); pipelines (Lennard-Jones + message passing + Ewald; AIMNet2's
+charges into PME); the message-passing model under ``compile yes`` (1 and 2 ranks). 200
+NVE steps on 2 and 4 ranks equal to 1 rank. Non-finite results and the plugin's input
+checks stop the run with the plugin's messages.
 """
 
 from __future__ import annotations
@@ -22,8 +27,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from _bad_inputs import BAD_INPUTS, BadInput, assert_clear_error, bad_input_script
 from _systems import ar_ne_slab, fcc_argon_222, lennard_jones
 from lammps_helpers import (
+    COMPILED,
     NPROCS,
     assert_all_close,
     assert_matches_reference,
@@ -33,9 +41,12 @@ from lammps_helpers import (
     comparison_script,
     neighbor_list_builds,
     print_results,
+    read_evaluation,
+    run0_evaluation,
+    run0_header,
 )
 
-from nvalchemi_lammps import MessagePassing, save_model
+from nvalchemi_lammps import Ewald, MessagePassing, Pipeline, Pme, save_model
 from nvalchemi_lammps.lammps_run import (
     lammps_command,
     read_dump,
@@ -45,6 +56,7 @@ from nvalchemi_lammps.lammps_run import (
 )
 from nvalchemi_lammps.potentials import mace as mace_module
 from nvalchemi_lammps.reference import evaluate_reference
+from nvalchemi_lammps.tools.structures import element_masses
 
 pytestmark = pytest.mark.lammps
 
@@ -128,14 +140,118 @@ def _slab(workdir: Path):
     return data, positions, cell, species
 
 
-#: the models, and for the exchange both of KOKKOS's paths for pair communication: its
-#: device path (pack/unpack kernels on the execution space's memory: Serial here, a GPU's
-#: memory there) and the host path it takes when told to (or, on a GPU, when MPI is not
-#: GPU-aware on several ranks: docs/kokkos.md)
-MODELS = ["lj", "mp-exchange", "mp-exchange-hostcomm", "mp-shell", "mace-exchange", "d3-exchange"]
+def _vacuum_above(positions: np.ndarray, cell: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The box doubled along z, the atoms 1 Angstrom up: split in 4 along z, the top rank
+    owns nothing."""
+    cell = cell.copy()
+    cell[2, 2] *= 2.0
+    return positions + [0.0, 0.0, 1.0], cell
+
+
+@dataclass(frozen=True)
+class System:
+    """Atoms as the tests hand them to LAMMPS: model species (type - 1), masses by type,
+    per-atom charges (``atom_style charge``) or ``None``."""
+
+    positions: np.ndarray
+    cell: np.ndarray
+    species: np.ndarray
+    masses: list[float]
+    charges: np.ndarray | None = None
+
+
+def _system(name: str) -> System:
+    """``slab``: the Ar/Ne slab; ``molecules``: small H/C/N/O molecules (AIMNet2);
+    ``salt``: rock-salt NaCl with charges; ``argon_krypton``: the pipeline tests' Ar/Kr
+    box. Each with vacuum above it: at 4 ranks (``processors 1 1 4``) a rank owns no atom."""
+    if name == "slab":
+        return System(*ar_ne_slab(4), MASSES)
+    if name == "molecules":
+        from _aimnet2_models import molecules_vacuum
+
+        box = molecules_vacuum()
+        masses = element_masses(list(box.elements), True)
+        return System(box.positions, box.cell, box.species, masses)
+    if name == "salt":
+        from _ionic_systems import rock_salt
+
+        positions, cell, species, charges = rock_salt(2, displacement=0.2, seed=5)
+        return System(*_vacuum_above(positions, cell), species, [22.98977, 35.453], charges)
+    from _pipeline_terms import system
+
+    positions, cell, species = system(cells=2, seed=5)
+    return System(*_vacuum_above(positions, cell), species, [39.948, 83.798])
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model as the comparison runs it.
+
+    :param fixture: the fixture that gives ``(potential, model file)``
+    :param system: its atoms (:func:`_system`)
+    :param elements: the element of each LAMMPS type (``pair_coeff * *``)
+    :param keywords: more ``pair_style`` keywords
+    :param total_charge: the net charge the keywords give (for the reference)
+    :param stress: compare per-atom virial stress with the reference (not for terms that
+        are not pairwise: the reference's per-atom virial holds the pairwise part only)
+    :param nprocs: rank counts it runs on
+    :param versus_plugin: also against ``pair_style nvalchemi`` in the same LAMMPS
+    :param setup: input before the script (KOKKOS's package options)
+    """
+
+    fixture: str
+    system: str = "slab"
+    elements: str = "Ar Ne"
+    keywords: str = ""
+    total_charge: float = 0.0
+    stress: bool = True
+    nprocs: tuple[int, ...] = tuple(NPROCS)
+    versus_plugin: bool = True
+    setup: str = ""
+
+
+#: KOKKOS's host path for pair communication (it takes it when told to or, on a GPU, when
+#: MPI is not GPU-aware on several ranks: docs/kokkos.md), instead of its device path
+#: (pack/unpack kernels on the execution space's memory: Serial here, a GPU's memory there)
 HOST_COMM = "package kokkos newton on neigh half comm/pair/forward host comm/pair/reverse host\n"
 
-
+MODELS = {
+    "lj": Model("lj_model"),
+    "mp-exchange": Model("mp_model", keywords="strategy exchange"),
+    "mp-exchange-hostcomm": Model("mp_model", keywords="strategy exchange", setup=HOST_COMM),
+    "mp-shell": Model("mp_model", keywords="strategy shell"),
+    "mace-exchange": Model("mace_model", elements="Ar Kr", keywords="strategy exchange"),
+    "d3-exchange": Model("d3_model", elements="C H", keywords="strategy exchange"),
+    # charge equilibration: the net charge of every rank's atoms summed over ranks
+    "aimnet2-exchange": Model(
+        "aimnet2_model",
+        "molecules",
+        "H C N O",
+        "strategy exchange charge -1",
+        total_charge=-1.0,
+    ),
+    # positions, charges from LAMMPS's KOKKOS q, the cell: forces on owned and ghost rows
+    # and a virial beyond f.r
+    "ewald": Model("ewald_model", "salt", "Na Cl", stress=False),
+    "pme": Model("pme_model", "salt", "Na Cl", stress=False),
+    # Lennard-Jones + message passing + Ewald with charges by element
+    "pipeline-exchange": Model(
+        "pipeline_model", "argon_krypton", "Ar Kr", "strategy exchange", stress=False
+    ),
+    # charges predicted on each rank's atoms (equilibrated over ranks), read by PME
+    "pipeline-aimnet2-pme": Model(
+        "aimnet2_pme_model",
+        "molecules",
+        "H C N O",
+        "strategy exchange charge 1",
+        total_charge=1.0,
+        stress=False,
+    ),
+    # compiled on CPU takes a while: one small case, and not twice (kk and plain)
+    "mp-compile": Model(
+        "mp_model", keywords="strategy exchange compile yes", nprocs=(1, 2), versus_plugin=False
+    ),
+}
 try:  # at collection: importing mace-torch warns, which a test would turn into an error
     mace_module._mace()
     HAVE_MACE = True
@@ -163,45 +279,103 @@ def d3_model(tmp_path_factory) -> tuple[object, Path]:
     return potential, save_model(potential, tmp_path_factory.mktemp("kk") / "d3.pt")
 
 
-ELEMENTS = {"mace": "Ar Kr", "d3": "C H"}
+@pytest.fixture(scope="module")
+def aimnet2_model(tmp_path_factory) -> tuple[object, Path]:
+    """AIMNet2 in float64, random weights that equilibrate charges as a trained model."""
+    pytest.importorskip("aimnet")
+    from _aimnet2_models import random_aimnet2
+
+    potential = random_aimnet2(seed=0, dtype="float64")
+    return potential, save_model(potential, tmp_path_factory.mktemp("kk") / "aimnet2.pt")
 
 
-def _style(name: str, request) -> tuple[object, str, str]:
-    """The potential, the pair_style arguments and the element of each LAMMPS type."""
-    if name == "lj":
-        potential, path = request.getfixturevalue("lj_model")
-        return potential, f"nvalchemi {path}", "Ar Ne"
-    model, strategy = name.split("-")[:2]
-    potential, path = request.getfixturevalue(f"{model}_model")
-    return potential, f"nvalchemi {path} strategy {strategy}", ELEMENTS.get(model, "Ar Ne")
+@pytest.fixture(scope="module")
+def ewald_model(tmp_path_factory) -> tuple[object, Path]:
+    potential = Ewald(["Na", "Cl"], cutoff=8.0, accuracy=1e-6)
+    return potential, save_model(potential, tmp_path_factory.mktemp("kk") / "ewald.pt")
 
 
-@pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
-@pytest.mark.parametrize("name", MODELS)
+@pytest.fixture(scope="module")
+def pme_model(tmp_path_factory) -> tuple[object, Path]:
+    potential = Pme(["Na", "Cl"], cutoff=8.0, accuracy=1e-5)
+    return potential, save_model(potential, tmp_path_factory.mktemp("kk") / "pme.pt")
+
+
+@pytest.fixture(scope="module")
+def pipeline_model(tmp_path_factory) -> tuple[object, Path]:
+    from _pipeline_terms import terms
+
+    potential = Pipeline(terms())
+    return potential, save_model(potential, tmp_path_factory.mktemp("kk") / "pipeline.pt")
+
+
+@pytest.fixture(scope="module")
+def aimnet2_pme_model(aimnet2_model, tmp_path_factory) -> tuple[object, Path]:
+    """AIMNet2's predicted charges into PME (with the background of a net charge), as in
+    tests/test_lammps_pipeline_mlips.py."""
+    elements = ["H", "C", "N", "O"]
+    pme = Pme(elements, cutoff=6.0, alpha=0.5, mesh=12, order=5, background=True)
+    potential = Pipeline([aimnet2_model[0], pme], charges_from=[None, 0])
+    return potential, save_model(potential, tmp_path_factory.mktemp("kk") / "aimnet2_pme.pt")
+
+
+CASES = [
+    pytest.param(name, nprocs, id=f"{name}-np{nprocs}")
+    for name, model in MODELS.items()
+    for nprocs in model.nprocs
+]
+
+
+@pytest.mark.parametrize(("name", "nprocs"), CASES)
 def test_kokkos_equals_reference_and_plugin(kokkos_lammps, request, name, nprocs, tmp_path):
     """Energy, per-atom energy, forces, pressure and per-atom virial stress by atom ID:
     ``nvalchemi/kk`` against the single-process reference, and against ``pair_style
-    nvalchemi`` (no suffix) in the same LAMMPS."""
-    potential, style, elements = _style(name, request)
-    data, positions, cell, species = _slab(tmp_path)
-    ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
-    script = comparison_script(str(data), style, elements, f"processors 1 1 {nprocs}")
-    if name.endswith("hostcomm"):
-        script = HOST_COMM + script
-    run = kokkos_lammps.run(script, nprocs, tmp_path / "kk").check()
+    nvalchemi`` (no suffix) run next in the same LAMMPS process (one start of torch and the
+    model's packages for both)."""
+    model = MODELS[name]
+    potential, path = request.getfixturevalue(model.fixture)
+    system = _system(model.system)
+    data = write_lammps_data(
+        tmp_path / "system.data",
+        system.positions,
+        system.cell,
+        system.species + 1,
+        system.masses,
+        system.charges,
+    )
+    ref = evaluate_reference(
+        potential,
+        system.positions,
+        system.cell,
+        (True, True, True),
+        system.species,
+        charges=system.charges,
+        total_charge=model.total_charge,
+    )
+    style = f"pair_style nvalchemi {path} {model.keywords}\npair_coeff * * {model.elements}\n"
+    script = model.setup + run0_header(str(data), f"processors 1 1 {nprocs}")
+    if system.charges is not None:
+        script = script.replace("atom_style atomic", "atom_style charge")
+    script += style + run0_evaluation("kk")
+    if model.versus_plugin:  # the same LAMMPS, KOKKOS atoms and comm, no suffix
+        script += "suffix off\n" + style + run0_evaluation("plain")
+    run = kokkos_lammps.run(script, nprocs, tmp_path).check()
     assert "pair nvalchemi/kk, perpetual" in run.output, run.output[-3000:]
+    if "compile" in model.keywords:
+        assert f"torch.compile (default): {potential.name}\n" in run.output, run.output[-3000:]
+        assert COMPILED.search(run.output), "the pair style did not report its compilations"
     if nprocs == 4:
         owned = atoms_per_rank(run.output, "Nlocal")
-        assert owned and owned[-1][0] == 0, f"no rank was left without atoms: {owned}"
-    kk = read_dump(tmp_path / "kk" / "atoms.dump"), read_results(run.output)
-    assert_matches_reference(f"kokkos/{name}/np{nprocs}", *kk, ref, cell)
-
-    # the same LAMMPS with KOKKOS atoms and comm, the pair style without the suffix
-    plain_script = script.replace("pair_style ", "suffix off\npair_style ", 1)
-    plain = kokkos_lammps.run(plain_script, nprocs, tmp_path / "plugin").check()
-    assert "pair nvalchemi, perpetual" in plain.output
-    host = read_dump(tmp_path / "plugin" / "atoms.dump"), read_results(plain.output)
-    assert_runs_agree(f"kokkos-vs-plugin/{name}/np{nprocs}", kk, host, tol=1e-10)
+        assert owned and all(fewest == 0 for fewest, _ in owned), f"no rank without atoms: {owned}"
+    ids = np.arange(1, len(system.species) + 1)
+    kk = read_evaluation(tmp_path, run.output, "kk", ids)
+    label = f"kokkos/{name}/np{nprocs}"
+    assert_matches_reference(label, *kk, ref, system.cell, stress=model.stress)
+    if model.versus_plugin:
+        assert "pair nvalchemi, perpetual" in run.output
+        plain = read_evaluation(tmp_path, run.output, "plain", ids)
+        label = f"kokkos-vs-plugin/{name}/np{nprocs}"
+        assert_runs_agree(label, kk, plain, tol=1e-10, stress=True)
 
 
 def _nve_script(data: str, model: Path, processors: str, steps: int) -> str:
@@ -252,36 +426,6 @@ def test_md_equal_across_rank_counts(kokkos_lammps, mp_model, tmp_path):
         )
 
 
-@pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
-def test_ewald_through_kokkos(kokkos_lammps, nprocs, tmp_path):
-    """A model that reads positions, charges and the cell (Ewald: per-atom forces on owned
-    and ghost rows, and a virial beyond f.r), charges from LAMMPS's KOKKOS ``q``: energy,
-    per-atom energy, forces and pressure against the reference and ``pair_style
-    nvalchemi`` (no per-atom stress: the reference's per-atom virial is the pairwise part)."""
-    from _ionic_systems import rock_salt
-
-    from nvalchemi_lammps.potentials import Ewald
-
-    positions, cell, species, charges = rock_salt(2, displacement=0.2, seed=5)
-    potential = Ewald(["Na", "Cl"], cutoff=8.0, accuracy=1e-6)
-    model = save_model(potential, tmp_path / "ewald.pt")
-    data = write_lammps_data(
-        tmp_path / "salt.data", positions, cell, species + 1, [22.98977, 35.453], charges
-    )
-    ref = evaluate_reference(potential, positions, cell, (True,) * 3, species, charges=charges)
-    script = comparison_script(
-        str(data), f"nvalchemi {model}", "Na Cl", f"processors 1 1 {nprocs}"
-    ).replace("atom_style atomic", "atom_style charge")
-    run = kokkos_lammps.run(script, nprocs, tmp_path / "kk").check()
-    assert "pair nvalchemi/kk, perpetual" in run.output
-    kk = read_dump(tmp_path / "kk" / "atoms.dump"), read_results(run.output)
-    assert_matches_reference(f"kokkos/ewald/np{nprocs}", *kk, ref, cell, stress=False)
-    plain_script = script.replace("pair_style ", "suffix off\npair_style ", 1)
-    plain = kokkos_lammps.run(plain_script, nprocs, tmp_path / "plugin").check()
-    host = read_dump(tmp_path / "plugin" / "atoms.dump"), read_results(plain.output)
-    assert_runs_agree(f"kokkos-vs-plugin/ewald/np{nprocs}", kk, host, tol=1e-10)
-
-
 @pytest.mark.parametrize("nprocs", [1, 2])
 def test_non_finite_results_stop_every_rank(kokkos_lammps, lj_model, nprocs, tmp_path):
     """Two atoms on the same spot: the model's energy is not finite; the run stops on every
@@ -298,13 +442,41 @@ def test_non_finite_results_stop_every_rank(kokkos_lammps, lj_model, nprocs, tmp
     assert "non-finite energies or forces on atoms 1 2" in run.output, run.output[-3000:]
 
 
-def test_plugin_checks_hold_for_kokkos(kokkos_lammps, lj_model, tmp_path):
-    """nvalchemi/kk is the plugin's pair style: its checks (here newton pair on) stop the run
-    with the plugin's message."""
-    data, *_ = _slab(tmp_path)
-    script = "package kokkos newton off neigh full\n" + comparison_script(
-        str(data), f"nvalchemi {lj_model[1]}", "Ar Ne"
-    )
-    run = kokkos_lammps.run(script, 1, tmp_path / "kk")
-    assert run.returncode != 0
-    assert "Pair style nvalchemi requires newton pair on" in run.output, run.output[-3000:]
+#: the plugin's checks, through nvalchemi/kk (tests/test_lammps_errors.py runs them all
+#: through pair_style nvalchemi)
+ERRORS = [
+    "unknown_keyword",
+    "unknown_element",
+    "wrong_number_of_elements",
+    "units_mismatch",
+    "task_for_lj",
+    "compile_mode_unknown",
+    "newton_off",
+]
+
+
+def _device_case() -> BadInput:
+    """A model on CUDA while LAMMPS's KOKKOS arrays are on the host (Serial): where torch
+    sees a GPU the pair style's check stops the step; where it sees none, the plugin's."""
+    if torch.cuda.is_available():
+        message = "LAMMPS's KOKKOS arrays are on cpu but the model is on cuda:0"
+    else:
+        message = "device cuda requested but torch"
+    return BadInput("device_mismatch", (message,), style_args="device cuda")
+
+
+#: on 2 ranks: one check of the input, and the model's device
+ERRORS_TWO_RANKS = ["unknown_element", "device_mismatch"]
+ERROR_CASES = [
+    pytest.param(case, nprocs, id=f"{case.id}-np{nprocs}")
+    for case in [c for c in BAD_INPUTS if c.id in ERRORS] + [_device_case()]
+    for nprocs in ((1, 2) if case.id in ERRORS_TWO_RANKS else (1,))
+]
+
+
+@pytest.mark.parametrize(("case", "nprocs"), ERROR_CASES)
+def test_plugin_errors_hold_for_kokkos(kokkos_lammps, case, nprocs, argon_data, models, tmp_path):
+    """nvalchemi/kk is the plugin's pair style: bad input stops the run with the plugin's
+    message (the inputs of tests/test_lammps_errors.py, under ``-sf kk``)."""
+    script = bad_input_script(case, models[case.model], argon_data)
+    assert_clear_error(case, kokkos_lammps.run(script, nprocs, tmp_path / "kk"))
