@@ -36,7 +36,8 @@ UMA_PACKAGE_STAMP := $(UMA_VENV)/.package-installed
 # fairchem-core requires torch~=2.13: the constraint keeps pip on the CPU build installed first
 UMA_CONSTRAINTS   := $(UMA_VENV)/constraints.txt
 # the UMA modules, and the UMA cases of modules that take several models
-UMA_TESTS := $(wildcard tests/test_*uma.py) tests/test_charged_mlips.py
+UMA_TESTS := $(wildcard tests/test_*uma.py) tests/test_charged_mlips.py \
+             tests/test_lammps_kokkos_plugin.py
 
 MLIAP_LAMMPS := .lammps-mliap
 MLIAP_STAMP  := $(MLIAP_LAMMPS)/.built

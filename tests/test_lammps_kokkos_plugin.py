@@ -162,14 +162,18 @@ class System:
 
 def _system(name: str) -> System:
     """``slab``: the Ar/Ne slab; ``molecules``: small H/C/N/O molecules (AIMNet2);
-    ``salt``: rock-salt NaCl with charges; ``argon_krypton``: the pipeline tests' Ar/Kr
-    box. Each with vacuum above it: at 4 ranks (``processors 1 1 4``) a rank owns no atom."""
+    ``copper_oxide``: Cu, O, C and H (UMA); ``salt``: rock-salt NaCl with charges;
+    ``argon_krypton``: the pipeline tests' Ar/Kr box. Each with vacuum above it: at 4 ranks
+    (``processors 1 1 4``) a rank owns no atom."""
     if name == "slab":
         return System(*ar_ne_slab(4), MASSES)
-    if name == "molecules":
-        from _aimnet2_models import molecules_vacuum
+    if name in ("molecules", "copper_oxide"):
+        if name == "molecules":
+            from _aimnet2_models import molecules_vacuum as atoms
+        else:
+            from _uma_models import copper_oxide_slab as atoms
 
-        box = molecules_vacuum()
+        box = atoms()
         masses = element_masses(list(box.elements), True)
         return System(box.positions, box.cell, box.species, masses)
     if name == "salt":
@@ -247,6 +251,15 @@ MODELS = {
         total_charge=1.0,
         stress=False,
     ),
+    # UMA (fairchem-core: its own environment, pytest -m uma there), charged: its
+    # embeddings read the net charge of all ranks' atoms
+    "uma-exchange": Model(
+        "uma_model",
+        "copper_oxide",
+        "H C O Cu",
+        "strategy exchange charge -1",
+        total_charge=-1.0,
+    ),
     # compiled on CPU takes a while: one small case, and not twice (kk and plain)
     "mp-compile": Model(
         "mp_model", keywords="strategy exchange compile yes", nprocs=(1, 2), versus_plugin=False
@@ -290,6 +303,16 @@ def aimnet2_model(tmp_path_factory) -> tuple[object, Path]:
 
 
 @pytest.fixture(scope="module")
+def uma_model(tmp_path_factory) -> tuple[object, Path]:
+    """A random UMA in float64 (fairchem-core's classes)."""
+    pytest.importorskip("fairchem.core")
+    from _uma_models import random_uma
+
+    potential = random_uma(seed=0, dtype="float64")
+    return potential, save_model(potential, tmp_path_factory.mktemp("kk") / "uma.pt")
+
+
+@pytest.fixture(scope="module")
 def ewald_model(tmp_path_factory) -> tuple[object, Path]:
     potential = Ewald(["Na", "Cl"], cutoff=8.0, accuracy=1e-6)
     return potential, save_model(potential, tmp_path_factory.mktemp("kk") / "ewald.pt")
@@ -320,7 +343,12 @@ def aimnet2_pme_model(aimnet2_model, tmp_path_factory) -> tuple[object, Path]:
 
 
 CASES = [
-    pytest.param(name, nprocs, id=f"{name}-np{nprocs}")
+    pytest.param(
+        name,
+        nprocs,
+        id=f"{name}-np{nprocs}",
+        marks=[pytest.mark.uma] if name.startswith("uma") else [],
+    )
     for name, model in MODELS.items()
     for nprocs in model.nprocs
 ]
