@@ -824,7 +824,10 @@ class Mace(Potential):
         network.load_state_dict(self.model.state_dict())
         compiled = copy.copy(self)
         compiled._modules = dict(self._modules)
-        compiled.model = _inference(simplify(network).to(next(self.model.parameters())))
+        # the weights keep requiring gradients here: frozen, the compiled backward of a
+        # 2-rank run lost a reverse exchange on one rank only, which then left the other
+        # waiting in it (the ranks' collectives must match; tests/test_lammps_compile.py)
+        compiled.model = simplify(network).to(next(self.model.parameters())).eval()
         # compiled code runs e3nn's kernels (cuEquivariance's are not traced here)
         object.__setattr__(compiled, "_cueq", None)
         object.__setattr__(compiled, "_cueq_stale", False)
