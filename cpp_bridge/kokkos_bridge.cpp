@@ -219,6 +219,7 @@ void NvalchemiLammps::compute_on_device(PythonSession &session, const DeviceStep
   put("nlocal", PyLong_FromLong(step.nlocal));
   put("ntotal", PyLong_FromLong(step.ntotal));
   put("nreceivers", PyLong_FromLong(step.nreceivers));
+  put("rebuilt", PyBool_FromLong(step.rebuilt));
   put("positions", capsule(step.positions));
   put("types", capsule(step.types));
   put("tags", capsule(step.tags));

@@ -44,6 +44,7 @@ class DeviceCollectives {
 struct DeviceStep {
   int nlocal, ntotal;
   int nreceivers;           // list rows whose neighbors are pairs (owned; + ghosts for shell)
+  bool rebuilt;             // the neighbor list was rebuilt (atoms may be reordered) since the last step
   DeviceArray positions;    // (ntotal, 3)
   DeviceArray types;        // (ntotal,)
   DeviceArray tags;         // (ntotal,) atom IDs

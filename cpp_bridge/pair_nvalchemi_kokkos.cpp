@@ -10,11 +10,11 @@
    virials when asked) into LAMMPS's device arrays. Ghost features move
    through KOKKOS's pair communication with device buffers.
 
-   Synchronization: LAMMPS's kernels are fenced before the model reads its
-   views. The exchanges' kernels run on Kokkos's default instance, a blocking
-   CUDA stream that CUDA orders both ways against torch's default (legacy)
-   stream, so they are not fenced here; the Python side synchronizes only
-   when torch runs on another stream (nvalchemi_lammps/frontends/_streams.py).
+   Synchronization: LAMMPS's kernels (and the exchanges') run on Kokkos's
+   default instance, a blocking CUDA stream that CUDA orders both ways against
+   torch's default (legacy) stream, so nothing is fenced here: the host keeps
+   launching while the GPU works. The Python side synchronizes only when torch
+   runs on another stream (nvalchemi_lammps/frontends/_streams.py).
 ------------------------------------------------------------------------- */
 
 #include "pair_nvalchemi_kokkos.h"
@@ -162,6 +162,9 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
   step.nlocal = nlocal;
   step.ntotal = ntotal;
   step.nreceivers = shell ? k_list->inum + k_list->gnum : k_list->inum;
+  // types, atom order and the list change only at a list build: neighbor->ago is 0 then,
+  // on every rank at once (a run's setup included)
+  step.rebuilt = neighbor->ago == 0;
   step.positions = describe<DeviceType>(x, ntotal);
   step.types = describe<DeviceType>(type, ntotal);
   step.tags = describe<DeviceType>(tag, ntotal);
@@ -183,8 +186,6 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
     step.periodic[2] = domain->zperiodic;
   }
 
-  // LAMMPS's kernels (the neighbor list, the force clear) have finished before torch reads
-  DeviceType().fence();
   NvalchemiLammps::DeviceResult result{};
   KokkosCollectives<DeviceType> collectives(this, atom, world);
   try {

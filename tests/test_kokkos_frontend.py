@@ -78,7 +78,7 @@ def _rank_arrays(system, cutoff: float):
     return graph, positions, neighbors, numneigh
 
 
-def _step(graph, positions, neighbors, numneigh, species, collectives, cell):
+def _step(graph, positions, neighbors, numneigh, species, collectives, cell, rebuilt=True):
     types = torch.from_numpy(species[graph.owner].astype(np.int32) + 1)
     arrays = {
         "positions": torch.from_numpy(positions.copy()),
@@ -103,6 +103,7 @@ def _step(graph, positions, neighbors, numneigh, species, collectives, cell):
         cell=tuple(float(v) for v in cell.reshape(-1)),
         periodic=(True, True, True),
         collectives=collectives,
+        rebuilt=rebuilt,
     )
     return record, arrays
 
@@ -170,6 +171,29 @@ def test_null_types_and_special_bits_are_dropped(tmp_path):
     assert arrays["atom_energies"][0] == 0.0
     assert np.all(arrays["forces"].numpy()[1 : graph.nlocal] != 0.0)
     assert NEIGHMASK & SPECIAL == 0
+
+
+def test_list_and_types_are_read_again_only_after_a_list_build(tmp_path):
+    """Between list builds the session keeps the candidate pairs and species on the device
+    and reads only positions: a step that is not ``rebuilt`` ignores what the list and the
+    types hold, and a ``rebuilt`` one reads them again."""
+    system = fcc_argon_222()
+    session = PluginSession(str(save_model(lennard_jones(system, 6.0), tmp_path / "m.pt")), 1)
+    graph, positions, neighbors, numneigh = _rank_arrays(system, 6.0)
+
+    def forces(neighbors, numneigh, species, rebuilt):
+        record, arrays = _step(
+            graph, positions, neighbors, numneigh, species, None, system.cell, rebuilt
+        )
+        compute(session, record)
+        return arrays["forces"].numpy()
+
+    first = forces(neighbors, numneigh, system.species, rebuilt=True)
+    assert np.any(first != 0.0)
+    no_list, all_null = np.zeros_like(numneigh), np.full_like(system.species, 2)  # type 3: NULL
+    np.testing.assert_array_equal(forces(neighbors, no_list, all_null, rebuilt=False), first)
+    assert not forces(neighbors, no_list, system.species, rebuilt=True).any()
+    assert not forces(neighbors, numneigh, all_null, rebuilt=True).any()
 
 
 def test_a_model_elsewhere_than_the_kokkos_arrays_is_refused():

@@ -5,23 +5,26 @@ The KOKKOS variant of the plugin's pair style loads its model through the same
 each step calls :func:`compute` with one :class:`KokkosStepRecord`: DLPack capsules over
 LAMMPS's arrays in the KOKKOS execution space's memory (host memory for Kokkos's Serial or
 OpenMP spaces, GPU memory for CUDA), wrapped by ``torch.from_dlpack`` without a copy. The
-pairs come from KOKKOS's full neighbor list, filtered to the cutoff here in torch; the
+pairs come from KOKKOS's full neighbor list (its candidates, cutoff plus skin, kept on the
+device from one list build to the next), filtered to the cutoff here in torch each step; the
 forces (and per-atom energies and virials, when LAMMPS asks) are added into LAMMPS's own
 arrays in place. Nothing per atom or per pair goes through the host, except what LAMMPS's
 own host path for pair communication stages (docs/kokkos.md).
 
 The views are LAMMPS's memory: valid during the call only, never kept.
 
-Synchronization with Kokkos on a GPU: the pair style fences Kokkos before this call.
-Kokkos's kernels (the exchanges, LAMMPS's next ones reading the forces) run on Kokkos's
-default instance, a blocking CUDA stream, which CUDA orders both ways against torch's
-default (legacy) stream: on it nothing else waits. On any other torch stream,
-:func:`~._streams.fence` synchronizes the device around each exchange and before returning.
+Synchronization with Kokkos on a GPU: Kokkos's kernels (LAMMPS's before this call, the
+exchanges, LAMMPS's next ones reading the forces) run on Kokkos's default instance, a
+blocking CUDA stream, which CUDA orders both ways against torch's default (legacy) stream:
+on it nothing waits, and the host launches ahead of the GPU. On any other torch stream,
+:func:`~._streams.fence` synchronizes the device on entry, around each exchange and before
+returning.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +76,9 @@ class KokkosStepRecord:
     :param cell: lattice vectors as rows, 9 values
     :param periodic: periodicity of each lattice direction
     :param collectives: the step's KOKKOS collectives (valid during the call only)
+    :param rebuilt: LAMMPS rebuilt its neighbor list since the last step (atoms may have
+        moved between ranks or been reordered); else the types, the atom order and the list
+        are the last step's
     """
 
     nlocal: int
@@ -93,6 +99,7 @@ class KokkosStepRecord:
     cell: tuple[float, ...]
     periodic: tuple[bool, bool, bool]
     collectives: Any
+    rebuilt: bool = True
 
 
 @dataclass(frozen=True)
@@ -152,28 +159,77 @@ class KokkosComm(AdjointComm):
         return values.to(device=x.device, dtype=x.dtype).reshape(x.shape)
 
 
-def _pairs(
+@dataclass(frozen=True)
+class _Topology:
+    """What changes only when LAMMPS rebuilds its neighbor list: the model's element of
+    every row and the list's candidate pairs (within cutoff plus skin) between mapped atoms,
+    as a Verlet list (each receiver's row and count, the neighbors' rows as int32 when rows
+    fit): 4 bytes per candidate kept on the device, less than KOKKOS's own list (4 bytes a
+    slot, every row padded to the longest)."""
+
+    ntotal: int
+    nreceivers: int
+    species: torch.Tensor
+    receivers: torch.Tensor
+    counts: torch.Tensor
+    pair_j: torch.Tensor
+
+    def pair_i(self) -> torch.Tensor:
+        """Each candidate's receiver row (made each step: no synchronization)."""
+        return torch.repeat_interleave(
+            self.receivers, self.counts, output_size=self.pair_j.shape[0]
+        )
+
+
+#: each session's topology, until the next list build
+_TOPOLOGIES: weakref.WeakKeyDictionary[PluginSession, _Topology] = weakref.WeakKeyDictionary()
+
+
+def _topology(session: PluginSession, step: KokkosStepRecord) -> _Topology:
+    """The session's topology, read again from the step's arrays after a list build."""
+    kept = _TOPOLOGIES.get(session)
+    if (
+        kept is not None
+        and not step.rebuilt
+        and (kept.ntotal, kept.nreceivers) == (step.ntotal, step.nreceivers)
+    ):
+        return kept
+    _TOPOLOGIES.pop(session, None)  # its candidates are freed before the new ones are made
+    type_map = _view(step.type_map).long()
+    species = type_map.index_select(0, _view(step.types)[: step.ntotal].long())
+    receivers, counts, pair_j = _candidates(step, species)
+    index = torch.int32 if step.ntotal < 2**31 else torch.int64
+    topology = _Topology(
+        step.ntotal, step.nreceivers, species, receivers, counts, pair_j.to(index)
+    )
+    _TOPOLOGIES[session] = topology
+    return topology
+
+
+def _candidates(
     step: KokkosStepRecord, species: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every directed pair (i, j) of the KOKKOS full list, in the list's order (receivers in
-    ``ilist`` order, then their neighbors in list order), and which are between mapped atoms
-    (``NULL`` types of pair_style hybrid are not): left to the cutoff's compaction, so that
-    a step waits for the device twice, not four times."""
+    """The KOKKOS full list between mapped atoms (``NULL`` types of pair_style hybrid are
+    not) in its order, as the receivers' rows (``ilist`` order), the count of each one's
+    neighbors and their rows (list order, special-bond bits masked)."""
     ilist, numneigh, neighbors = (_view(a) for a in (step.ilist, step.numneigh, step.neighbors))
     rows = ilist[: step.nreceivers].long()
     device = species.device
     if rows.numel() == 0 or neighbors.shape[1] == 0:
         empty = torch.empty(0, dtype=torch.int64, device=device)
-        return empty, empty, torch.empty(0, dtype=torch.bool, device=device)
-    counts = numneigh.long().index_select(0, rows)
+        return empty, empty, empty
     listed = neighbors.index_select(0, rows)  # (receivers, maxneighs), int32, contiguous
     width = listed.shape[1]
-    entries = (torch.arange(width, device=device)[None, :] < counts[:, None]).view(-1)
-    entries = entries.nonzero()[:, 0]
-    pair_i = rows.index_select(0, entries // width)
+    filled = torch.arange(width, device=device)[None, :] < numneigh.long()[rows][:, None]
+    entries = filled.view(-1).nonzero()[:, 0]
+    receiver = entries // width
     pair_j = (listed.view(-1).index_select(0, entries) & NEIGHMASK).long()
-    mapped = (species.index_select(0, pair_i) >= 0) & (species.index_select(0, pair_j) >= 0)
-    return pair_i, pair_j, mapped
+    mapped = (species.index_select(0, rows.index_select(0, receiver)) >= 0) & (
+        species.index_select(0, pair_j) >= 0
+    )
+    keep = mapped.nonzero()[:, 0]
+    counts = torch.bincount(receiver[keep], minlength=rows.shape[0])
+    return rows, counts, pair_j[keep]
 
 
 def compute(session: PluginSession, step: KokkosStepRecord) -> KokkosStepResult:
@@ -181,11 +237,11 @@ def compute(session: PluginSession, step: KokkosStepRecord) -> KokkosStepResult:
     nlocal, ntotal = step.nlocal, step.ntotal
     x = _view(step.positions)
     check_device(x.device, session.device)
+    fence(x.device)  # torch reads what LAMMPS's kernels wrote
     x = x[:ntotal].to(torch.float64)
-    type_map = _view(step.type_map).long()
-    species = type_map.index_select(0, _view(step.types)[:ntotal].long())
-    pair_i, pair_j, mapped = _pairs(step, species)
-    pair_i, pair_j, rij = _within_cutoff(x, pair_i, pair_j, session.cutoff, mapped)
+    topology = _topology(session, step)
+    species = topology.species
+    pair_i, pair_j, rij = _within_cutoff(x, topology.pair_i(), topology.pair_j, session.cutoff)
     inputs: dict[str, Any] = {}
     if session.needs_positions:
         charges = _view(step.charges)

@@ -299,22 +299,14 @@ def _blas_name() -> str:
 
 
 def _within_cutoff(
-    x: torch.Tensor,
-    pair_i: torch.Tensor,
-    pair_j: torch.Tensor,
-    cutoff: float,
-    wanted: torch.Tensor | None = None,
+    x: torch.Tensor, pair_i: torch.Tensor, pair_j: torch.Tensor, cutoff: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The candidate pairs within ``cutoff`` (and ``wanted``, a mask over the candidates:
-    one compaction for both) as int64, and their ``rij = x_j - x_i``, as LAMMPS computes
-    them on the host and in its order of operations, so bit-identical. A function of its
-    own: the candidates' temporaries are freed before the model runs."""
+    """The candidate pairs within ``cutoff`` as int64, and their ``rij = x_j - x_i``, as
+    LAMMPS computes them on the host and in its order of operations, so bit-identical. A
+    function of its own: the candidates' temporaries are freed before the model runs."""
     rij = x.index_select(0, pair_j) - x.index_select(0, pair_i)
     dx, dy, dz = rij.unbind(1)
-    within = dx * dx + dy * dy + dz * dz < cutoff * cutoff
-    if wanted is not None:
-        within &= wanted
-    keep = within.nonzero()[:, 0]
+    keep = (dx * dx + dy * dy + dz * dz < cutoff * cutoff).nonzero()[:, 0]
     return pair_i[keep].long(), pair_j[keep].long(), rij[keep]
 
 
