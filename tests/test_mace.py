@@ -337,6 +337,27 @@ def test_ranks_equal_reference(variant, system, nranks, nslabs):
     assert_same_results(exchanged, shelled, tol=1e-12)
 
 
+@pytest.mark.parametrize(("nranks", "nslabs"), DECOMPOSITIONS[1:], ids=DECOMPOSITION_IDS[1:])
+def test_one_layer_updates_owned_rows_only(nranks, nslabs):
+    """A one-interaction model needs no ghost row's update (nothing is exchanged): its
+    block's message ``linear`` and the product basis take the owned rows only, as mace-torch's
+    ML-IAP path runs them, and the ranks still equal the reference."""
+    potential = Mace.from_model(random_mace(seed=7, num_interactions=1))
+    system = triclinic_ar_kr()
+    ref = _reference(potential, system)
+    rows = []  # rows the message linear ran on, per call
+    (block,) = potential.network.interactions
+    handle = block.linear.register_forward_hook(lambda module, args, out: rows.append(len(out)))
+    graphs = decompose_shell(system, R_MAX, 1, nranks, nslabs)
+    try:
+        got, world = _run_exchange(potential, system, graphs, exchange=False)
+    finally:
+        handle.remove()
+    assert_same_results(got, ref)
+    assert world.calls == [[] for _ in graphs]
+    assert sorted(rows) == sorted(g.nlocal for g in graphs)
+
+
 def test_rank_without_atoms_or_ghosts_exchanges_too(scale_shift):
     """A rank with no atoms at all (LAMMPS's top rank over empty space) still takes part in
     every exchange, forward and reverse, or the others would wait for it forever."""

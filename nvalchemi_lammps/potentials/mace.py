@@ -987,9 +987,12 @@ class _ExchangeHook:
 
 def _exchanges_in_blocks(graph: LocalGraph, model: torch.nn.Module) -> bool:
     """Run the blocks as mace-torch's ML-IAP path does (:func:`_owned_features`): with the
-    exchange strategy, outside ``torch.compile`` (which updates every row), where every
+    exchange strategy, or one interaction under any strategy (nothing is exchanged, and no
+    ghost row's update is used: the block's message ``linear`` and what follows take the
+    owned rows only), outside ``torch.compile`` (which updates every row), where every
     interaction block takes the exchange hook (mace-torch's ``lammps_natoms``)."""
-    if not graph.comm.exchange or torch.compiler.is_compiling():
+    one_layer = len(model.interactions) == 1
+    if not (graph.comm.exchange or one_layer) or torch.compiler.is_compiling():
         return False
     return all(_takes_exchange_hook(type(block)) for block in model.interactions)
 
