@@ -519,63 +519,118 @@ def bench(
     dtypes: list[str],
     kernels: str,
     styles: list[str],
+    rounds: int = 1,
 ) -> list[dict]:
     """ms/step of the random MACE through each style, side by side per size and precision,
     with the bare model's time on one GPU; forces of every style by atom ID against the
-    first style's (up to 30,000 atoms)."""
+    first style's (up to 30,000 atoms). With several ``rounds`` the bare model and every
+    style run again per round, every other round in reverse order, and each style's step /
+    model is the median of its rounds' ratios to the bare model of the same round: small
+    models are launch-bound, and the host's speed moves every time between minutes."""
     from bench_strategies import LATTICE, crystal
 
     rows = []
-    ranks = max(gpus, 1)
-    processors = "" if ranks == 1 else f"processors {ranks} 1 1"
     device = "cuda" if gpus else "cpu"  # gpus 0: a KOKKOS LAMMPS for the host
     for atoms in sizes:
         path, system = crystal(atoms, LATTICE["mace"], data / f"bench{atoms}.data")
         natoms = len(system["positions"])
-        dump = natoms <= 30000
         for dtype in dtypes:
             bits = dtype.removeprefix("float")
             ours = data / f"mace{bits}_{kernels}.pt"
             base = {"atoms": natoms, "dtype": dtype, "kernels": kernels, "gpus": gpus}
-            model = {**base, "style": "model", **bare_model(ours, system, device, calls=10)}
-            rows.append(model)
-            print(f"{natoms:8d} atoms {dtype} {kernels} bare model: {model}", flush=True)
-            forces = {}
-            for style in styles:
-                door, whose, extra = STYLES[style]
-                own = "" if kernels == "e3nn" else f"_{kernels}"
-                model_file = data / f"mace{bits}_own{own}.pt" if whose == "mace-torch" else ours
-                pair_style = door.pair_style(model_file, device, extra)
-                workdir = data / "runs" / "bench" / f"{natoms}_{style}_{dtype}_{kernels}_{ranks}"
-                script = bench_script(path, pair_style, processors, 5, steps, 3, dump)
-                with GpuMemory() as memory:
-                    run = lammps.run(script, ranks, gpus, workdir, door.kokkos)
-                (workdir / "output.txt").write_text(run.output)  # LAMMPS's timing breakdown
-                row = {**base, "style": style, "peak_gpu_mib": memory.peak}
-                if run.returncode != 0:
-                    print(f"{style} {dtype} at {natoms} failed: {failure(run)}", flush=True)
-                    rows.append({**row, "error": failure(run)[-300:]})
-                    continue
-                loops = [float(t) / int(n) for t, n in _LOOP.findall(run.output) if int(n)][-3:]
-                ms = 1e3 * statistics.median(loops)
-                row |= {"ms_per_step": ms, "repeats_ms": [1e3 * t for t in loops]}
-                if "ms_per_step" in model:
-                    row["step_over_model"] = ms / model["ms_per_step"]
-                if dump:
-                    forces[style] = per_atom(read_dump(workdir / "forces.dump"), ["fx", "fy", "fz"])
-                    first = next(iter(forces))
-                    row["force_difference"] = relative_difference(
-                        "force", forces[style], forces[first]
-                    ).relative
-                rows.append(row)
-                print(
-                    f"{natoms:8d} atoms {gpus} GPU {dtype} {kernels} {style:12s} {ms:8.2f} ms/step"
-                    f" step/model {row.get('step_over_model', float('nan')):.2f}"
-                    f" peak {memory.peak} MiB forces vs {next(iter(forces), '-')}"
-                    f" {row.get('force_difference', float('nan')):.1e}",
-                    flush=True,
-                )
+            timed = []
+            for k in range(rounds):
+                model = {**base, "round": k, "style": "model"}
+                model |= bare_model(ours, system, device, calls=10)
+                rows.append(model)
+                print(f"{natoms:8d} atoms {dtype} {kernels} bare model: {model}", flush=True)
+                order = styles if k % 2 == 0 else styles[::-1]
+                dump = natoms <= 30000 and k == 0
+                forces: dict[str, dict] = {}
+                for style in order:
+                    row = _bench_run(data, lammps, path, style, model, ours, gpus, steps, dump)
+                    rows.append(row)
+                    timed.append(row)
+                    if dump and "ms_per_step" in row:
+                        forces[style] = per_atom(
+                            read_dump(Path(row.pop("workdir")) / "forces.dump"), ["fx", "fy", "fz"]
+                        )
+                        first = next(iter(forces))
+                        row["force_difference"] = relative_difference(
+                            "force", forces[style], forces[first]
+                        ).relative
+                    row.pop("workdir", None)
+                    print(
+                        f"{natoms:8d} atoms {gpus} GPU {dtype} {kernels} {style:12s} "
+                        f"{row.get('ms_per_step', float('nan')):8.2f} ms/step step/model "
+                        f"{row.get('step_over_model', float('nan')):.2f} peak "
+                        f"{row['peak_gpu_mib']} MiB forces vs {next(iter(forces), '-')} "
+                        f"{row.get('force_difference', float('nan')):.1e}",
+                        flush=True,
+                    )
+            if rounds > 1:
+                rows += _rounds_summary(base, styles, timed)
     return rows
+
+
+def _bench_run(
+    data: Path,
+    lammps: Lammps,
+    path: Path,
+    style: str,
+    model: dict,
+    ours: Path,
+    gpus: int,
+    steps: int,
+    dump: bool,
+) -> dict:
+    """One LAMMPS run of ``style``: median ms/step of 3 runs of ``steps`` steps after 5."""
+    door, whose, extra = STYLES[style]
+    kernels, dtype, natoms = model["kernels"], model["dtype"], model["atoms"]
+    own = "" if kernels == "e3nn" else f"_{kernels}"
+    bits = dtype.removeprefix("float")
+    model_file = data / f"mace{bits}_own{own}.pt" if whose == "mace-torch" else ours
+    ranks = max(gpus, 1)
+    processors = "" if ranks == 1 else f"processors {ranks} 1 1"
+    pair_style = door.pair_style(model_file, "cuda" if gpus else "cpu", extra)
+    workdir = data / "runs" / "bench" / f"{natoms}_{style}_{dtype}_{kernels}_{ranks}"
+    script = bench_script(path, pair_style, processors, 5, steps, 3, dump)
+    with GpuMemory() as memory:
+        run = lammps.run(script, ranks, gpus, workdir, door.kokkos)
+    (workdir / "output.txt").write_text(run.output)  # LAMMPS's timing breakdown
+    row = {k: model[k] for k in ("atoms", "dtype", "kernels", "gpus", "round")}
+    row |= {"style": style, "peak_gpu_mib": memory.peak, "workdir": str(workdir)}
+    if run.returncode != 0:
+        print(f"{style} {dtype} at {natoms} failed: {failure(run)}", flush=True)
+        return {**row, "error": failure(run)[-300:]}
+    loops = [float(t) / int(n) for t, n in _LOOP.findall(run.output) if int(n)][-3:]
+    ms = 1e3 * statistics.median(loops)
+    row |= {"ms_per_step": ms, "repeats_ms": [1e3 * t for t in loops]}
+    if "ms_per_step" in model:
+        row["step_over_model"] = ms / model["ms_per_step"]
+    return row
+
+
+def _rounds_summary(base: dict, styles: list[str], timed: list[dict]) -> list[dict]:
+    """Per style: the median ms/step over the rounds and the median of the rounds'
+    step / model ratios (each against the bare model of its own round)."""
+    summary = []
+    for style in styles:
+        runs = [r for r in timed if r["style"] == style and "step_over_model" in r]
+        if not runs:
+            continue
+        row = {**base, "style": style, "rounds": len(runs)}
+        row["ms_per_step"] = statistics.median(r["ms_per_step"] for r in runs)
+        row["step_over_model"] = statistics.median(r["step_over_model"] for r in runs)
+        row["step_over_model_rounds"] = [r["step_over_model"] for r in runs]
+        summary.append(row)
+        print(
+            f"{base['atoms']:8d} atoms {style:12s} over {len(runs)} rounds: "
+            f"{row['ms_per_step']:8.2f} ms/step, step/model {row['step_over_model']:.2f} "
+            f"({', '.join(f'{r:.2f}' for r in row['step_over_model_rounds'])})",
+            flush=True,
+        )
+    return summary
 
 
 def main() -> int:
@@ -586,6 +641,9 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=1, help="0: a KOKKOS LAMMPS for the host")
     parser.add_argument("--atoms", type=int, nargs="+", default=[1000, 20000, 100000])
     parser.add_argument("--steps", type=int, default=20, help="bench: timed steps per repeat")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="bench: every style again, alternating order"
+    )
     parser.add_argument(
         "--models", nargs="+", default=[c.name for c in CASES], help="check: these models only"
     )
@@ -627,7 +685,15 @@ def main() -> int:
         ok = all(r.passed for r in rows)
     else:
         result = bench(
-            data, lammps, args.atoms, args.gpus, args.steps, args.dtypes, args.kernels, args.styles
+            data,
+            lammps,
+            args.atoms,
+            args.gpus,
+            args.steps,
+            args.dtypes,
+            args.kernels,
+            args.styles,
+            args.rounds,
         )
         ok = True
     if args.json:

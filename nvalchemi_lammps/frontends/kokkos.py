@@ -199,9 +199,7 @@ def _topology(session: PluginSession, step: KokkosStepRecord) -> _Topology:
     species = type_map.index_select(0, _view(step.types)[: step.ntotal].long())
     receivers, counts, pair_j = _candidates(step, species)
     index = torch.int32 if step.ntotal < 2**31 else torch.int64
-    topology = _Topology(
-        step.ntotal, step.nreceivers, species, receivers, counts, pair_j.to(index)
-    )
+    topology = _Topology(step.ntotal, step.nreceivers, species, receivers, counts, pair_j.to(index))
     _TOPOLOGIES[session] = topology
     return topology
 
