@@ -40,7 +40,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -866,11 +866,11 @@ def _node_energies(
     else:
         pair_energy = torch.zeros_like(node_e0)
 
-    edges = (edge_attrs, edge_feats, edge_index, cutoff)
+    edges = _Edges(edge_attrs, edge_feats, edge_index, cutoff)
     if _exchanges_in_blocks(graph, model):
-        features = _owned_features(model, graph, node_attrs, node_feats, *edges)
+        features = _owned_features(model, graph, node_attrs, node_feats, edges)
     else:
-        features = _row_features(model, graph, node_attrs, node_feats, *edges)
+        features = _row_features(model, graph, node_attrs, node_feats, edges)
 
     node_heads = graph.species.new_full((owned,), head)
     readout_energies = [
@@ -886,15 +886,21 @@ def _node_energies(
     return with_ghost_rows(torch.where(mapped[:owned], energies, 0.0), graph.ntotal)
 
 
+class _Edges(NamedTuple):
+    """The interaction blocks' edge arguments, by their names there."""
+
+    edge_attrs: torch.Tensor
+    edge_feats: torch.Tensor
+    edge_index: torch.Tensor
+    cutoff: torch.Tensor | None
+
+
 def _row_features(
     model: torch.nn.Module,
     graph: LocalGraph,
     node_attrs: torch.Tensor,
     node_feats: torch.Tensor,
-    edge_attrs: torch.Tensor,
-    edge_feats: torch.Tensor,
-    edge_index: torch.Tensor,
-    cutoff: torch.Tensor | None,
+    edges: _Edges,
 ) -> list[torch.Tensor]:
     """Every layer's features, rows of the whole graph (``updated_rows`` decides which are
     computed), ghost rows exchanged between layers by ``graph.comm``."""
@@ -906,9 +912,11 @@ def _row_features(
         if layer > 0:
             # ghosts take their owners' features (the identity under the widened shell)
             node_feats = graph.comm.forward_exchange(node_feats)
-        edges = _receiving_edges(graph, rows, edge_attrs, edge_feats, edge_index, cutoff)
         node_feats, sc = interaction(
-            node_attrs=node_attrs, node_feats=node_feats, first_layer=layer == 0, **edges
+            node_attrs=node_attrs,
+            node_feats=node_feats,
+            first_layer=layer == 0,
+            **_receiving_edges(graph, rows, edges)._asdict(),
         )
         # the product basis, mace's costliest block per atom, on the rows whose update is used
         attrs = node_attrs
@@ -925,10 +933,7 @@ def _owned_features(
     graph: LocalGraph,
     node_attrs: torch.Tensor,
     node_feats: torch.Tensor,
-    edge_attrs: torch.Tensor,
-    edge_feats: torch.Tensor,
-    edge_index: torch.Tensor,
-    cutoff: torch.Tensor | None,
+    edges: _Edges,
 ) -> list[torch.Tensor]:
     """Every layer's features of the owned rows, for the exchange strategy, as mace-torch's
     ML-IAP path runs the blocks: past the first layer an interaction takes the owned rows,
@@ -944,13 +949,10 @@ def _owned_features(
         node_feats, sc = interaction(
             node_attrs=owned_attrs if layer else node_attrs,
             node_feats=node_feats,
-            edge_attrs=edge_attrs,
-            edge_feats=edge_feats,
-            edge_index=edge_index,
-            cutoff=cutoff,
             first_layer=layer == 0,
             lammps_class=hook,
             lammps_natoms=natoms,
+            **edges._asdict(),
         )
         node_feats = _product(product, node_feats, sc, owned_attrs)
         features.append(node_feats)
@@ -1002,23 +1004,15 @@ def _takes_exchange_hook(block: type) -> bool:
     return "lammps_natoms" in inspect.signature(block.forward).parameters
 
 
-def _receiving_edges(
-    graph: LocalGraph,
-    rows: Rows,
-    edge_attrs: torch.Tensor,
-    edge_feats: torch.Tensor,
-    edge_index: torch.Tensor,
-    cutoff: torch.Tensor | None,
-) -> dict[str, torch.Tensor | None]:
-    """The interaction block's edge arguments, for the edges into ``rows`` (``None``: all)."""
+def _receiving_edges(graph: LocalGraph, rows: Rows, edges: _Edges) -> _Edges:
+    """The edges into ``rows`` (``None``: all)."""
     pairs = receiving_pairs(graph, rows)
-    if pairs is not None:
-        edge_attrs, edge_feats = edge_attrs[pairs], edge_feats[pairs]
-        edge_index = edge_index[:, pairs]
-        cutoff = None if cutoff is None else cutoff[pairs]
-    return {
-        "edge_attrs": edge_attrs,
-        "edge_feats": edge_feats,
-        "edge_index": edge_index,
-        "cutoff": cutoff,
-    }
+    if pairs is None:
+        return edges
+    edge_attrs, edge_feats, edge_index, cutoff = edges
+    return _Edges(
+        edge_attrs[pairs],
+        edge_feats[pairs],
+        edge_index[:, pairs],
+        None if cutoff is None else cutoff[pairs],
+    )
