@@ -485,6 +485,8 @@ def bare_model(model_file: Path, system: dict, device: str, calls: int) -> dict:
 
     potential = load_model(model_file).to(device)
     synchronize = torch.cuda.synchronize if device == "cuda" else lambda: None
+    if device == "cpu":
+        torch.set_num_threads(1)  # as a LAMMPS rank without OMP_NUM_THREADS
     positions, cell = system["positions"], system["cell"]
     pairs = neighbor_pairs(positions, cell, (True, True, True), potential.spec.cutoff)
     inputs = [
