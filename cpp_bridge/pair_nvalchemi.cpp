@@ -809,6 +809,8 @@ void PairNvalchemi::init_style()
   // KOKKOS variant (kokkosable) builds its graphs from full lists with its own door.
   try {
     half_pairs = !shell && !kokkosable && session->half_pairs();
+    // a box the model cannot run in stops every rank here, not each at its first step
+    session->check_box(domain->xperiodic, domain->yperiodic, domain->zperiodic);
   } catch (std::exception &err) {
     log_traceback(err);
     error->all(FLERR, "pair_style nvalchemi: {}", err.what());

@@ -395,6 +395,17 @@ void PythonSession::set_system_state(double charge, int spin, const std::string 
 
 /* ---------------------------------------------------------------------- */
 
+void PythonSession::check_box(bool xperiodic, bool yperiodic, bool zperiodic)
+{
+  GilLock gil;
+  PyRef done(PyObject_CallMethod(static_cast<PyObject *>(session_), "check_box", "((NNN))",
+                                 PyBool_FromLong(xperiodic), PyBool_FromLong(yperiodic),
+                                 PyBool_FromLong(zperiodic)));
+  if (!done) raise_python_error("");
+}
+
+/* ---------------------------------------------------------------------- */
+
 std::string PythonSession::set_compile(const std::string &mode)
 {
   GilLock gil;

@@ -92,6 +92,8 @@ class PythonSession {
   // net charge, spin multiplicity (< 0: not given) and task ("": not given) of the whole
   // system, for models that take them
   void set_system_state(double charge, int spin, const std::string &task);
+  // refuse a box the model cannot run in (periodic along x, y, z or not); raises PythonError
+  void check_box(bool xperiodic, bool yperiodic, bool zperiodic);
   // run the model under torch.compile in this mode ("default", "reduce-overhead", ...) on
   // graphs padded to capacities with headroom, or not at all ("no"); returns what runs
   // compiled, for the log ("" for "no")

@@ -215,5 +215,6 @@ def test_pme_without_slab_on_a_slab_box_is_an_error(data, models, tmp_path):
     script = lammps_script(data["slab"], interaction, setup=slab_setup(2))
     run = run_lammps(script, 2, tmp_path, timeout=120)
     assert run.returncode not in (0, -9), run.output[-2000:]
-    message = "pme without slab needs a box periodic in x, y and z"
+    # refused at the run's setup on every rank (error->all), not at each rank's first step
+    message = "ERROR: pair_style nvalchemi: pme without slab needs a box periodic in x, y and z"
     assert message in run.output, run.output[-2000:]

@@ -105,6 +105,14 @@ class Potential(torch.nn.Module):
             if value is not None and keyword not in self.system_state:
                 raise ValueError(f"the {self.name} model takes no {keyword}")
 
+    def check_box(self, pbc: tuple[bool, bool, bool]) -> None:
+        """Refuse, before the run, a box whose periodicity along x, y and z the potential
+        cannot run in (the front door asks at setup, on every rank). The default takes any
+        box.
+
+        :raises ValueError: with what is wrong
+        """
+
     def pair_terms(self, graph: LocalGraph) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A pair potential's energy and derivative in closed form, which the engine then
         uses instead of differentiating :meth:`forward` (the same energies): each pair's

@@ -164,6 +164,9 @@ class CompiledPotential(Potential):
     def check_system_state(self, spin: int | None, task: str | None) -> None:
         self.inner.check_system_state(spin, task)
 
+    def check_box(self, pbc: tuple[bool, bool, bool]) -> None:
+        self.inner.check_box(pbc)
+
     def forward(self, graph: LocalGraph) -> torch.Tensor:
         ntotal, npairs = graph.ntotal, graph.npairs
         if ntotal >= self.atom_capacity:

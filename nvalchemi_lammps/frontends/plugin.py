@@ -124,6 +124,12 @@ class PluginSession:
         self.potential.check_system_state(spin=spin_given, task=task_given)
         self.total_charge, self.spin, self.task = float(charge), spin_given, task_given
 
+    def check_box(self, periodic: tuple[bool, bool, bool]) -> None:
+        """Refuse, at the run's setup on every rank, a box the model cannot run in (its
+        periodicity along x, y and z; ``Potential.check_box``), rather than at its first
+        step on each rank."""
+        self.potential.check_box(tuple(bool(p) for p in periodic))
+
     def set_compile(self, mode: str) -> str:
         """Run the model under ``torch.compile`` in ``mode`` on graphs padded to fixed
         capacities (``pair_style ... compile MODE``), or eagerly (``no``). Returns what runs

@@ -232,26 +232,28 @@ class Coulomb(Potential):
             q = graph.charges.to(graph.rij.dtype)
         return torch.where(present, q, torch.zeros_like(q))
 
-    def _check_geometry(self, graph: LocalGraph) -> None:
-        if graph.positions is None or graph.cell is None or graph.pbc is None:
-            raise ValueError(f"{self.name} needs positions, cell and periodicity")
-        pbc = tuple(graph.pbc)
+    def check_box(self, pbc: tuple[bool, bool, bool]) -> None:
+        pbc = tuple(bool(p) for p in pbc)
         if self.slab is None and not all(pbc):
             raise ValueError(
                 f"{self.name} without slab needs a box periodic in x, y and z, got pbc={pbc}: "
                 "for boundary p p f set slab (e.g. slab = 3.0, as kspace_modify slab 3.0)"
             )
-        if self.slab is not None:
-            if pbc != (True, True, False):
-                raise ValueError(
-                    f"{self.name} with slab needs boundary p p f (x and y periodic, z not), "
-                    f"got pbc={pbc}: leave slab out for a box periodic in x, y and z"
-                )
-            if bool((graph.cell[:2, 2] != 0.0).any()):
-                raise ValueError(
-                    f"{self.name} with slab needs the first two cell vectors in the xy plane, "
-                    f"got cell={graph.cell.tolist()}"
-                )
+        if self.slab is not None and pbc != (True, True, False):
+            raise ValueError(
+                f"{self.name} with slab needs boundary p p f (x and y periodic, z not), "
+                f"got pbc={pbc}: leave slab out for a box periodic in x, y and z"
+            )
+
+    def _check_geometry(self, graph: LocalGraph) -> None:
+        if graph.positions is None or graph.cell is None or graph.pbc is None:
+            raise ValueError(f"{self.name} needs positions, cell and periodicity")
+        self.check_box(tuple(graph.pbc))
+        if self.slab is not None and bool((graph.cell[:2, 2] != 0.0).any()):
+            raise ValueError(
+                f"{self.name} with slab needs the first two cell vectors in the xy plane, "
+                f"got cell={graph.cell.tolist()}"
+            )
 
     def _check_net_charge(self, qsum: float) -> None:
         if abs(qsum) > NET_CHARGE_LIMIT and not self.background:

@@ -100,6 +100,10 @@ class Pipeline(Potential):
         for term in takers:
             term.check_system_state(spin=spin, task=task)
 
+    def check_box(self, pbc: tuple[bool, bool, bool]) -> None:
+        for term in self.terms:
+            term.check_box(pbc)
+
     def parts(self) -> list[Potential]:
         return list(self.terms)
 
