@@ -60,6 +60,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
+import step_profile
 from lammps_helpers import (
     GLOBAL,
     PER_ATOM,
@@ -83,6 +84,11 @@ TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 KERNELS = ("e3nn", "cuequivariance")
 #: The MPI launcher (Open MPI's by default; MPIRUN=mpirun for MPICH's)
 MPIRUN = shlex.split(os.environ.get("MPIRUN", "mpirun --oversubscribe"))
+#: bench --profile: steps profiled per run, from the compute call FIRST_PROFILED on (past the
+#: warm-up run, the dump's run 0 and each run's setup call)
+PROFILED, FIRST_PROFILED = 5, 12
+#: bench --memory: steps whose memory is followed
+MEMORY_STEPS = 3
 _LOOP = re.compile(r"^Loop time of (\S+) on \d+ procs for (\d+) steps", re.MULTILINE)
 
 
@@ -259,7 +265,13 @@ class Lammps:
         }
 
     def run(
-        self, script: str, ranks: int, gpus: int, workdir: Path, kokkos: bool = True
+        self,
+        script: str,
+        ranks: int,
+        gpus: int,
+        workdir: Path,
+        kokkos: bool = True,
+        env: dict[str, str] | None = None,
     ) -> LammpsRun:
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "in.lammps").write_text(script)
@@ -267,7 +279,7 @@ class Lammps:
         args = ["-k", "on", *(["g", str(gpus)] if gpus else []), *KOKKOS, *self.package]
         lmp = self.prefix / "install" / "bin" / "lmp"
         cmd = [*MPIRUN, "-np", str(ranks), str(lmp), *(args if kokkos else []), "-in", "in.lammps"]
-        return run_command(cmd, workdir, timeout=600, env=self.env)
+        return run_command(cmd, workdir, timeout=600, env={**self.env, **(env or {})})
 
 
 @dataclass
@@ -474,10 +486,13 @@ class GpuMemory:
         self._thread.join()
 
 
-def bare_model(model_file: Path, system: dict, device: str, calls: int) -> dict:
+def bare_model(
+    model_file: Path, system: dict, device: str, calls: int, profile: bool = False
+) -> dict:
     """The model's forward and backward on the whole periodic system in this process (the
     reference evaluator's pairs, no LAMMPS): median ms of ``calls`` after one warm-up, and
-    the peak memory torch allocated (inputs included)."""
+    the peak memory torch allocated (inputs included); with ``profile`` the kernels of
+    :data:`PROFILED` more calls (step_profile.py)."""
     import torch
 
     from nvalchemi_lammps import LocalGraph, evaluate, load_model
@@ -504,7 +519,17 @@ def bare_model(model_file: Path, system: dict, device: str, calls: int) -> dict:
             synchronize()
             samples.append(1e3 * (time.perf_counter() - start))
         peak = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
-        return {"ms_per_step": statistics.median(samples[1:]), "peak_mib": peak}
+        row = {"ms_per_step": statistics.median(samples[1:]), "peak_mib": peak}
+        if profile:
+            activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            with torch.profiler.profile(activities=activities) as kernels:
+                start = time.perf_counter()
+                for k in range(PROFILED):
+                    evaluate(potential, LocalGraph(len(positions), *inputs))
+                synchronize()
+                wall = time.perf_counter() - start
+            row["profile"] = step_profile.kernel_table(kernels, PROFILED, wall)
+        return row
     except torch.cuda.OutOfMemoryError:
         return {"error": "out of memory"}
     finally:
@@ -522,13 +547,19 @@ def bench(
     kernels: str,
     styles: list[str],
     rounds: int = 1,
+    profile: bool = False,
+    model_calls: int = 10,
+    memory: bool = False,
 ) -> list[dict]:
     """ms/step of the random MACE through each style, side by side per size and precision,
     with the bare model's time on one GPU; forces of every style by atom ID against the
     first style's (up to 30,000 atoms). With several ``rounds`` the bare model and every
     style run again per round, every other round in reverse order, and each style's step /
     model is the median of its rounds' ratios to the bare model of the same round: small
-    models are launch-bound, and the host's speed moves every time between minutes."""
+    models are launch-bound, and the host's speed moves every time between minutes. With
+    ``profile`` each run's kernels per step are set against the bare model's; with
+    ``model_calls`` 0 no bare model runs (the largest systems: this process holds no GPU
+    memory while LAMMPS runs)."""
     from bench_strategies import LATTICE, crystal
 
     rows = []
@@ -543,14 +574,18 @@ def bench(
             timed = []
             for k in range(rounds):
                 model = {**base, "round": k, "style": "model"}
-                model |= bare_model(ours, system, device, calls=10)
+                if model_calls:
+                    model |= bare_model(ours, system, device, model_calls, profile)
                 rows.append(model)
-                print(f"{natoms:8d} atoms {dtype} {kernels} bare model: {model}", flush=True)
+                shown = {k: v for k, v in model.items() if k != "profile"}
+                print(f"{natoms:8d} atoms {dtype} {kernels} bare model: {shown}", flush=True)
                 order = styles if k % 2 == 0 else styles[::-1]
                 dump = natoms <= 30000 and k == 0
                 forces: dict[str, dict] = {}
                 for style in order:
-                    row = _bench_run(data, lammps, path, style, model, ours, gpus, steps, dump)
+                    row = _bench_run(
+                        data, lammps, path, style, model, ours, gpus, steps, dump, profile, memory
+                    )
                     rows.append(row)
                     timed.append(row)
                     if dump and "ms_per_step" in row:
@@ -570,6 +605,10 @@ def bench(
                         f"{row.get('force_difference', float('nan')):.1e}",
                         flush=True,
                     )
+                    if "profile" in row and "profile" in model:
+                        print(
+                            step_profile.differences(row["profile"], model["profile"]), flush=True
+                        )
             if rounds > 1:
                 rows += _rounds_summary(base, styles, timed)
     return rows
@@ -585,8 +624,12 @@ def _bench_run(
     gpus: int,
     steps: int,
     dump: bool,
+    profile: bool = False,
+    memory: bool = False,
 ) -> dict:
-    """One LAMMPS run of ``style``: median ms/step of 3 runs of ``steps`` steps after 5."""
+    """One LAMMPS run of ``style``: median ms/step of 3 runs of ``steps`` steps after 5;
+    with ``profile`` the kernels of :data:`PROFILED` of its steps, with ``memory`` the GPU
+    memory of ``nvalchemi/kk``'s first steps phase by phase (step_profile.py)."""
     door, whose, extra = STYLES[style]
     kernels, dtype, natoms = model["kernels"], model["dtype"], model["atoms"]
     own = "" if kernels == "e3nn" else f"_{kernels}"
@@ -597,17 +640,38 @@ def _bench_run(
     pair_style = door.pair_style(model_file, "cuda" if gpus else "cpu", extra)
     workdir = data / "runs" / "bench" / f"{natoms}_{style}_{dtype}_{kernels}_{ranks}"
     script = bench_script(path, pair_style, processors, 5, steps, 3, dump)
-    with GpuMemory() as memory:
-        run = lammps.run(script, ranks, gpus, workdir, door.kokkos)
+    env, kernels, phases = {}, workdir / "profile.json", workdir / "memory.json"
+    for stale in (kernels, phases):
+        stale.unlink(missing_ok=True)
+    if profile:
+        env[step_profile.ENV] = f"{kernels}:{FIRST_PROFILED}:{PROFILED}"
+    if memory:
+        env[step_profile.MEMORY_ENV] = f"{phases}:{MEMORY_STEPS}"
+    if env:
+        here = Path(__file__).resolve().parent
+        env["PYTHONPATH"] = f"{here / 'profile_site'}:{here}:{lammps.env['PYTHONPATH']}"
+    with GpuMemory() as gpu:
+        run = lammps.run(script, ranks, gpus, workdir, door.kokkos, env)
     (workdir / "output.txt").write_text(run.output)  # LAMMPS's timing breakdown
     row = {k: model[k] for k in ("atoms", "dtype", "kernels", "gpus", "round")}
-    row |= {"style": style, "peak_gpu_mib": memory.peak, "workdir": str(workdir)}
+    row |= {"style": style, "peak_gpu_mib": gpu.peak, "workdir": str(workdir)}
     if run.returncode != 0:
         print(f"{style} {dtype} at {natoms} failed: {failure(run)}", flush=True)
         return {**row, "error": failure(run)[-300:]}
     loops = [float(t) / int(n) for t, n in _LOOP.findall(run.output) if int(n)][-3:]
     ms = 1e3 * statistics.median(loops)
     row |= {"ms_per_step": ms, "repeats_ms": [1e3 * t for t in loops]}
+    if kernels.exists():
+        row["profile"] = json.loads(kernels.read_text())
+    if phases.exists():
+        row["memory"] = json.loads(phases.read_text())
+        for m in row["memory"]:
+            print(
+                f"  step {m['step']} {m['mark']:18s} allocated {m['allocated_gib']:7.2f} GiB, "
+                f"peak since the last mark {m['peak_since_last_gib']:7.2f}, reserved "
+                f"{m['reserved_gib']:7.2f}",
+                flush=True,
+            )
     if "ms_per_step" in model:
         row["step_over_model"] = ms / model["ms_per_step"]
     return row
@@ -664,6 +728,15 @@ def main() -> int:
         default=["mliap", "mace-torch"],
         help="bench: these styles, side by side",
     )
+    parser.add_argument(
+        "--model-calls", type=int, default=10, help="bench: bare model calls timed, 0: none"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="bench: kernels per step against the bare model"
+    )
+    parser.add_argument(
+        "--memory", action="store_true", help="bench: nvalchemi/kk's GPU memory phase by phase"
+    )
     parser.add_argument("--json", type=Path, help="where to write the results")
     parser.add_argument("--package", default="", help="more -pk kokkos keywords")
     args = parser.parse_args()
@@ -696,6 +769,9 @@ def main() -> int:
             args.kernels,
             args.styles,
             args.rounds,
+            args.profile,
+            args.model_calls,
+            args.memory,
         )
         ok = True
     if args.json:

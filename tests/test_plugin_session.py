@@ -301,3 +301,21 @@ def test_pair_scalars_come_back_in_their_slots(model_path, want_atom_energies):
     assert np.isnan(step.pair_forces).all()
     assert result.energy == pytest.approx(expected.energy, rel=1e-14)
     assert np.isnan(step.atom_energies).all() != want_atom_energies
+
+
+def test_cutoff_filter_in_chunks_is_bit_identical(monkeypatch):
+    """Past FILTER_CHUNK candidates the filter runs chunk by chunk (bounded memory at
+    millions of atoms) and builds rij for the kept pairs only: the same pairs, in the same
+    order, and the same bits as one pass."""
+    from nvalchemi_lammps.frontends import plugin
+
+    rng = np.random.default_rng(5)
+    x = torch.from_numpy(rng.uniform(0.0, 12.0, size=(300, 3)))
+    pair_i = torch.from_numpy(rng.integers(0, 300, size=5000)).to(torch.int32)
+    pair_j = torch.from_numpy(rng.integers(0, 300, size=5000)).to(torch.int32)
+    whole = plugin._within_cutoff(x, pair_i, pair_j, 5.0)
+    monkeypatch.setattr(plugin, "FILTER_CHUNK", 777)
+    chunked = plugin._within_cutoff(x, pair_i, pair_j, 5.0)
+    assert 0 < whole[0].shape[0] < pair_i.shape[0]
+    for a, b in zip(whole, chunked, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)

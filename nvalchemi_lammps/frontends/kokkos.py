@@ -163,9 +163,9 @@ class KokkosComm(AdjointComm):
 class _Topology:
     """What changes only when LAMMPS rebuilds its neighbor list: the model's element of
     every row and the list's candidate pairs (within cutoff plus skin) between mapped atoms,
-    as a Verlet list (each receiver's row and count, the neighbors' rows as int32 when rows
-    fit): 4 bytes per candidate kept on the device, less than KOKKOS's own list (4 bytes a
-    slot, every row padded to the longest)."""
+    as a Verlet list (each receiver's row and count, the rows as int32 when they fit): 4
+    bytes per candidate kept on the device, less than KOKKOS's own list (4 bytes a slot,
+    every row padded to the longest)."""
 
     ntotal: int
     nreceivers: int
@@ -199,7 +199,9 @@ def _topology(session: PluginSession, step: KokkosStepRecord) -> _Topology:
     species = type_map.index_select(0, _view(step.types)[: step.ntotal].long())
     receivers, counts, pair_j = _candidates(step, species)
     index = torch.int32 if step.ntotal < 2**31 else torch.int64
-    topology = _Topology(step.ntotal, step.nreceivers, species, receivers, counts, pair_j.to(index))
+    topology = _Topology(
+        step.ntotal, step.nreceivers, species, receivers.to(index), counts, pair_j.to(index)
+    )
     _TOPOLOGIES[session] = topology
     return topology
 
