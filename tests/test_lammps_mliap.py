@@ -36,6 +36,7 @@ from lammps_helpers import (
 
 from nvalchemi_lammps import MessagePassing, save_model
 from nvalchemi_lammps._plugin import plugin_dir
+from nvalchemi_lammps.frontends.mliap import COMPILE_ENV
 from nvalchemi_lammps.lammps_run import (
     lammps_command,
     read_dump,
@@ -64,8 +65,16 @@ class MliapLammps:
     lmp: Path
     env: dict[str, str]
 
-    def run(self, script: str, nprocs: int, workdir: Path, timeout: float = 600.0):
-        return run_lammps(script, nprocs, workdir, timeout=timeout, env=self.env, lmp=self.lmp)
+    def run(
+        self,
+        script: str,
+        nprocs: int,
+        workdir: Path,
+        timeout: float = 600.0,
+        env: dict[str, str] | None = None,
+    ):
+        env = {**self.env, **(env or {})}
+        return run_lammps(script, nprocs, workdir, timeout=timeout, env=env, lmp=self.lmp)
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +113,30 @@ def test_local_model_equals_reference(mliap_lammps, lj_model, nprocs, tmp_path):
         assert owned and owned[-1][0] == 0, f"no rank was left without atoms: {owned}"
     atoms, glob = read_dump(tmp_path / "atoms.dump"), read_results(run.output)
     assert_matches_reference(f"mliap-real/lj/np{nprocs}", atoms, glob, ref, cell)
+
+
+@pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])
+def test_compiled_model_equals_reference(mliap_lammps, lj_model, nprocs, tmp_path):
+    """NVALCHEMI_LAMMPS_COMPILE runs the model under torch.compile on padded graphs, as
+    pair_style nvalchemi's compile keyword does, and says so once; same forces."""
+    potential, path = lj_model
+    data, positions, cell, species = _slab_data(tmp_path)
+    ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
+    script = _script(data, f"mliap unified {path} 0", nprocs)
+    env = {COMPILE_ENV: "default"}
+    run = mliap_lammps.run(script, nprocs, tmp_path, env=env).check()
+    assert run.output.count("under torch.compile (default) on padded graphs") == 1, run.output
+    atoms, glob = read_dump(tmp_path / "atoms.dump"), read_results(run.output)
+    assert_matches_reference(f"mliap-real/lj-compiled/np{nprocs}", atoms, glob, ref, cell)
+
+
+def test_unknown_compile_mode_is_refused(mliap_lammps, lj_model, tmp_path):
+    _, path = lj_model
+    data = _slab_data(tmp_path)[0]
+    script = _script(data, f"mliap unified {path} 0", 2)
+    run = mliap_lammps.run(script, 2, tmp_path, env={COMPILE_ENV: "fastest"})
+    assert run.returncode != 0
+    assert f"{COMPILE_ENV}=fastest: compile mode must be one of" in run.output, run.output[-3000:]
 
 
 LOAD_UNIFIED = textwrap.dedent(

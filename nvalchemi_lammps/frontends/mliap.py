@@ -21,7 +21,7 @@ import torch
 
 from .._model_file import PickledRecord, load_model, model_record, potential_from_record
 from ..contract import AdjointComm, Comm, LocalGraph, Potential, resolve_strategy
-from ..engine import Evaluation, evaluate, potential_device
+from ..engine import Evaluation, compile_potential, evaluate, potential_device
 from ._streams import fence
 
 #: ML-IAP lists pairs closer than ``2 * rcutfac``: ``MLIAPDummyDescriptor::init``
@@ -32,6 +32,10 @@ RCUTFAC_PER_CUTOFF = 0.5
 #: ``compute_forces``), and LAMMPS refuses a model that sets none.
 NDESCRIPTORS = 1
 NPARAMS = 1
+#: ``torch.compile`` mode of the model under ML-IAP, whose pair style has no keywords of its
+#: own: ``pair_style nvalchemi``'s ``compile MODE`` (unset or ``no``: eager), read at the
+#: first ``compute_forces``, so the same on every rank
+COMPILE_ENV = "NVALCHEMI_LAMMPS_COMPILE"
 #: The LAMMPS whose ML-IAP can refresh ghost atoms between message-passing layers.
 EXCHANGE_BUILD = (
     "KOKKOS ML-IAP with forward_exchange (LAMMPS PR #4463, LAMMPS >= 2Apr2025), run with "
@@ -73,19 +77,16 @@ MLIAPUnified = _unified_base()
 MPICH_COMM_WORLD = 0x44000000
 
 
-def _abort_if_parallel(error: BaseException) -> None:
-    """On more than one MPI rank, print ``error`` for this rank and abort every rank, as
-    LAMMPS's ``error->one`` does. ML-IAP turns a Python exception into ``error->all``,
-    which waits for every rank: an error on some ranks only would hang the run
-    (src/ML-IAP/mliap_unified.cpp). On one rank, or without MPI, it returns and the
-    exception goes to LAMMPS as usual."""
+def _mpi_world() -> tuple[Any, Any, int, int] | None:
+    """The MPI library LAMMPS runs on, its ``MPI_COMM_WORLD``, this rank and the number of
+    ranks, while MPI is initialized; ``None`` without MPI in this process."""
     try:
         lib = ctypes.CDLL(None)  # the MPI library LAMMPS runs on, if one is loaded
         flag = ctypes.c_int(0)
         if lib.MPI_Initialized(ctypes.byref(flag)) != 0 or not flag.value:
-            return
+            return None
         if lib.MPI_Finalized(ctypes.byref(flag)) != 0 or flag.value:
-            return
+            return None
         try:
             world: Any = ctypes.c_void_p(
                 ctypes.addressof(ctypes.c_char.in_dll(lib, "ompi_mpi_comm_world"))
@@ -93,13 +94,26 @@ def _abort_if_parallel(error: BaseException) -> None:
         except ValueError:
             world = ctypes.c_int(MPICH_COMM_WORLD)
         rank, size = ctypes.c_int(0), ctypes.c_int(1)
-        if lib.MPI_Comm_size(world, ctypes.byref(size)) != 0 or size.value < 2:
-            return
+        if lib.MPI_Comm_size(world, ctypes.byref(size)) != 0:
+            return None
         lib.MPI_Comm_rank(world, ctypes.byref(rank))
     except (OSError, AttributeError):  # no MPI in this process
+        return None
+    return lib, world, rank.value, size.value
+
+
+def _abort_if_parallel(error: BaseException) -> None:
+    """On more than one MPI rank, print ``error`` for this rank and abort every rank, as
+    LAMMPS's ``error->one`` does. ML-IAP turns a Python exception into ``error->all``,
+    which waits for every rank: an error on some ranks only would hang the run
+    (src/ML-IAP/mliap_unified.cpp). On one rank, or without MPI, it returns and the
+    exception goes to LAMMPS as usual."""
+    mpi = _mpi_world()
+    if mpi is None or mpi[3] < 2:
         return
+    lib, world, rank, _ = mpi
     print(
-        f"ERROR on proc {rank.value}: {type(error).__name__}: {error} (pair_style mliap "
+        f"ERROR on proc {rank}: {type(error).__name__}: {error} (pair_style mliap "
         "unified: nvalchemi-lammps stops every rank, since an error on some ranks only "
         "would leave LAMMPS waiting for the others)",
         file=sys.stderr,
@@ -224,6 +238,8 @@ class MLIAPModel(MLIAPUnified):
             None, list(spec.elements), NDESCRIPTORS, NPARAMS, RCUTFAC_PER_CUTOFF * spec.cutoff
         )
         self.potential = potential
+        #: what runs each step: ``potential``, or it under torch.compile (:data:`COMPILE_ENV`)
+        self._runner: Potential | None = None
         self._in_flight: torch.Tensor | None = None
         self._evaluations = 0  # compute_forces calls, for the messages
 
@@ -262,11 +278,31 @@ class MLIAPModel(MLIAPUnified):
         self._in_flight = None  # _read waited for Kokkos, which is done reading it
         if device != graph.rij.device:
             self.potential.to(graph.rij.device)
+        if self._runner is None:
+            self._runner = self._compiled_or_eager()
         with torch.enable_grad():
-            result = evaluate(self.potential, graph)
+            result = evaluate(self._runner, graph)
         if not result.finite:  # read with the energy: no extra host sync
             raise FloatingPointError(self._non_finite(result, graph))
         self._in_flight = _write(data, result, kokkos=hasattr(data, "update_pair_forces_gpu"))
+
+    def _compiled_or_eager(self) -> Potential:
+        """The potential under ``torch.compile`` in the mode :data:`COMPILE_ENV` names, on
+        padded graphs as ``pair_style nvalchemi ... compile MODE`` runs it, or as it is."""
+        mode = os.environ.get(COMPILE_ENV, "no")
+        if mode == "no":
+            return self.potential
+        try:
+            runner = compile_potential(self.potential, mode)
+        except ValueError as refused:
+            raise ValueError(f"{COMPILE_ENV}={mode}: {refused}") from None
+        if (_mpi_world() or (None, None, 0, 1))[2] == 0:  # LAMMPS's screen: rank 0's
+            print(
+                f"nvalchemi-lammps: ML-IAP runs {self.potential.name} under torch.compile "
+                f"({mode}) on padded graphs ({COMPILE_ENV})",
+                flush=True,
+            )
+        return runner
 
     def _non_finite(self, result: Evaluation, graph: LocalGraph) -> str:
         """What to say about a non-finite result (only then computed). ML-IAP hands a model
