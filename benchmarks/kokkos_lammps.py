@@ -25,7 +25,8 @@ then 200 NVE steps of the message-passing model on 2 ranks against 1 rank. ``ben
 the random MACE of docs/performance.md side by side, per size and precision: the bare
 model's forward and backward on the whole periodic system in this process (the reference
 evaluator's pairs), then LAMMPS steps through each ``--styles``: ``kk`` (``nvalchemi/kk``),
-``mliap`` (this project's model file through ML-IAP), ``mace-torch`` (mace-torch's own
+``mliap`` (this project's model file through ML-IAP; ``kk-compile``, ``mliap-compile``: the
+same compiled, ``compile default`` and ``NVALCHEMI_LAMMPS_COMPILE=default``), ``mace-torch`` (mace-torch's own
 ML-IAP class ``LAMMPS_MLIAP_MACE``, same weights) and ``host`` (``pair_style nvalchemi
 device cuda`` in the same LAMMPS without KOKKOS: atoms on the host), with the largest GPU
 memory seen while each ran, and compares the forces of every style by atom ID (up to
@@ -443,10 +444,13 @@ STYLES = {
     "kk": (Door("kk"), "nvalchemi", ""),
     "kk-compile": (Door("kk"), "nvalchemi", "compile default"),
     "mliap": (Door("mliap"), "nvalchemi", ""),
+    "mliap-compile": (Door("mliap"), "nvalchemi", ""),
     "mace-torch": (Door("mliap"), "mace-torch", ""),
     "host": (Door("host"), "nvalchemi", ""),
     "host-compile": (Door("host"), "nvalchemi", "compile default"),
 }
+#: the environment a style adds (ML-IAP's pair style takes no keywords of ours)
+STYLE_ENV = {"mliap-compile": {"NVALCHEMI_LAMMPS_COMPILE": "default"}}
 
 
 def bench_script(
@@ -640,14 +644,18 @@ def _bench_run(
     pair_style = door.pair_style(model_file, "cuda" if gpus else "cpu", extra)
     workdir = data / "runs" / "bench" / f"{natoms}_{style}_{dtype}_{kernels}_{ranks}"
     script = bench_script(path, pair_style, processors, 5, steps, 3, dump)
-    env, kernels, phases = {}, workdir / "profile.json", workdir / "memory.json"
+    env, kernels, phases = (
+        dict(STYLE_ENV.get(style, {})),
+        workdir / "profile.json",
+        workdir / "memory.json",
+    )
     for stale in (kernels, phases):
         stale.unlink(missing_ok=True)
     if profile:
         env[step_profile.ENV] = f"{kernels}:{FIRST_PROFILED}:{PROFILED}"
     if memory:
         env[step_profile.MEMORY_ENV] = f"{phases}:{MEMORY_STEPS}"
-    if env:
+    if profile or memory:
         here = Path(__file__).resolve().parent
         env["PYTHONPATH"] = f"{here / 'profile_site'}:{here}:{lammps.env['PYTHONPATH']}"
     with GpuMemory() as gpu:
