@@ -335,6 +335,7 @@ def _within_cutoff(
 
 
 def _inside(rij: torch.Tensor, cutsq: float) -> torch.Tensor:
+    """Which pair vectors are shorter than the cutoff, tested as LAMMPS tests them."""
     dx, dy, dz = rij.unbind(1)
     return dx * dx + dy * dy + dz * dz < cutsq
 
