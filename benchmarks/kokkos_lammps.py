@@ -26,8 +26,8 @@ the random MACE of docs/performance.md side by side, per size and precision: the
 model's forward and backward on the whole periodic system in this process (the reference
 evaluator's pairs), then LAMMPS steps through each ``--styles``: ``kk`` (``nvalchemi/kk``),
 ``mliap`` (this project's model file through ML-IAP; ``kk-compile``, ``mliap-compile``: the
-same compiled, ``compile default`` and ``NVALCHEMI_LAMMPS_COMPILE=default``), ``mace-torch`` (mace-torch's own
-ML-IAP class ``LAMMPS_MLIAP_MACE``, same weights) and ``host`` (``pair_style nvalchemi
+same compiled, by ``compile default`` and ``NVALCHEMI_LAMMPS_COMPILE=default``),
+``mace-torch`` (mace-torch's own ML-IAP class ``LAMMPS_MLIAP_MACE``, same weights) and ``host`` (``pair_style nvalchemi
 device cuda`` in the same LAMMPS without KOKKOS: atoms on the host), with the largest GPU
 memory seen while each ran, and compares the forces of every style by atom ID (up to
 30,000 atoms). MACE runs on e3nn's kernels or (``--kernels cuequivariance``) on
@@ -528,7 +528,7 @@ def bare_model(
             activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
             with torch.profiler.profile(activities=activities) as kernels:
                 start = time.perf_counter()
-                for k in range(PROFILED):
+                for _ in range(PROFILED):
                     evaluate(potential, LocalGraph(len(positions), *inputs))
                 synchronize()
                 wall = time.perf_counter() - start
@@ -581,7 +581,7 @@ def bench(
                 if model_calls:
                     model |= bare_model(ours, system, device, model_calls, profile)
                 rows.append(model)
-                shown = {k: v for k, v in model.items() if k != "profile"}
+                shown = {key: v for key, v in model.items() if key != "profile"}
                 print(f"{natoms:8d} atoms {dtype} {kernels} bare model: {shown}", flush=True)
                 order = styles if k % 2 == 0 else styles[::-1]
                 dump = natoms <= 30000 and k == 0
