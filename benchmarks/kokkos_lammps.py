@@ -27,8 +27,9 @@ model's forward and backward on the whole periodic system in this process (the r
 evaluator's pairs), then LAMMPS steps through each ``--styles``: ``kk`` (``nvalchemi/kk``),
 ``mliap`` (this project's model file through ML-IAP; ``kk-compile``, ``mliap-compile``: the
 same compiled, by ``compile default`` and ``NVALCHEMI_LAMMPS_COMPILE=default``),
-``mace-torch`` (mace-torch's own ML-IAP class ``LAMMPS_MLIAP_MACE``, same weights) and ``host`` (``pair_style nvalchemi
-device cuda`` in the same LAMMPS without KOKKOS: atoms on the host), with the largest GPU
+``mace-torch`` (mace-torch's own ML-IAP class ``LAMMPS_MLIAP_MACE``, same weights) and
+``host`` (``pair_style nvalchemi device cuda`` in the same LAMMPS without KOKKOS: atoms on
+the host), with the largest GPU
 memory seen while each ran, and compares the forces of every style by atom ID (up to
 30,000 atoms). MACE runs on e3nn's kernels or (``--kernels cuequivariance``) on
 cuEquivariance's for every style: ``cueq`` converts mace-torch's model with mace-torch's own
