@@ -450,6 +450,9 @@ STYLES = {
     "host": (Door("host"), "nvalchemi", ""),
     "host-compile": (Door("host"), "nvalchemi", "compile default"),
 }
+#: the styles' suffix for the compiled model: their step / model is against the bare model
+#: compiled the same way
+COMPILED = "-compile"
 #: the environment a style adds (ML-IAP's pair style takes no keywords of ours)
 STYLE_ENV = {"mliap-compile": {"NVALCHEMI_LAMMPS_COMPILE": "default"}}
 
@@ -492,18 +495,27 @@ class GpuMemory:
 
 
 def bare_model(
-    model_file: Path, system: dict, device: str, calls: int, profile: bool = False
+    model_file: Path,
+    system: dict,
+    device: str,
+    calls: int,
+    profile: bool = False,
+    compiled: bool = False,
 ) -> dict:
     """The model's forward and backward on the whole periodic system in this process (the
     reference evaluator's pairs, no LAMMPS): median ms of ``calls`` after one warm-up, and
     the peak memory torch allocated (inputs included); with ``profile`` the kernels of
-    :data:`PROFILED` more calls (step_profile.py)."""
+    :data:`PROFILED` more calls (step_profile.py); ``compiled``: under ``torch.compile``
+    (mode default, padded graphs) as the ``-compile`` styles run it, the warm-up compiling."""
     import torch
 
     from nvalchemi_lammps import LocalGraph, evaluate, load_model
+    from nvalchemi_lammps.engine import compile_potential
     from nvalchemi_lammps.reference import neighbor_pairs
 
     potential = load_model(model_file).to(device)
+    if compiled:
+        potential = compile_potential(potential)
     synchronize = torch.cuda.synchronize if device == "cuda" else lambda: None
     if device == "cpu":
         torch.set_num_threads(1)  # as a LAMMPS rank without OMP_NUM_THREADS
@@ -581,6 +593,9 @@ def bench(
                 model = {**base, "round": k, "style": "model"}
                 if model_calls:
                     model |= bare_model(ours, system, device, model_calls, profile)
+                    if any(style.endswith(COMPILED) for style in styles):
+                        compiled = bare_model(ours, system, device, model_calls, compiled=True)
+                        model["compiled_ms_per_step"] = compiled.get("ms_per_step")
                 rows.append(model)
                 shown = {key: v for key, v in model.items() if key != "profile"}
                 print(f"{natoms:8d} atoms {dtype} {kernels} bare model: {shown}", flush=True)
@@ -681,8 +696,9 @@ def _bench_run(
                 f"{m['reserved_gib']:7.2f}",
                 flush=True,
             )
-    if "ms_per_step" in model:
-        row["step_over_model"] = ms / model["ms_per_step"]
+    reference = model.get("compiled_ms_per_step" if style.endswith(COMPILED) else "ms_per_step")
+    if reference:
+        row["step_over_model"] = ms / reference
     return row
 
 
