@@ -35,6 +35,7 @@ from bench_strategies import LATTICE, crystal
 from torch.utils.dlpack import to_dlpack
 
 from nvalchemi_lammps import LocalGraph, evaluate
+from nvalchemi_lammps.engine import compile_potential
 from nvalchemi_lammps.frontends.kokkos import KokkosStepRecord, compute
 from nvalchemi_lammps.frontends.plugin import PluginSession
 from nvalchemi_lammps.reference import neighbor_pairs
@@ -141,10 +142,14 @@ def aten_ops(call) -> int:
     return sum(1 for e in profile.events() if e.name.startswith("aten::"))
 
 
-def measure(model_file: Path, atoms: int, device: str, calls: int, warmup: int) -> dict:
+def measure(
+    model_file: Path, atoms: int, device: str, calls: int, warmup: int, mode: str = "no"
+) -> dict:
     _, system = crystal(atoms, LATTICE["mace"], Path("/tmp") / f"cost{atoms}.data")
     session = PluginSession(str(model_file), 1, device)
     session.set_strategy("exchange")
+    bare = session.potential if mode == "no" else compile_potential(session.potential, mode)
+    session.set_compile(mode)
     cutoff = session.cutoff
     arrays, nlocal, ntotal = rank_arrays(system, cutoff, device)
     collectives = OneRankCollectives(arrays["source"], nlocal)
@@ -153,7 +158,7 @@ def measure(model_file: Path, atoms: int, device: str, calls: int, warmup: int) 
         torch.as_tensor(system["types"] - 1, device=device),
         *(torch.from_numpy(a).to(device) for a in (pairs.pair_i, pairs.pair_j, pairs.rij)),
     ]
-    potential = session.potential
+    potential = bare
     sync = torch.cuda.synchronize if device == "cuda" else lambda: None
 
     def model() -> None:
@@ -204,11 +209,16 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--model", default="mace32_e3nn.pt")
+    parser.add_argument(
+        "--compile", default="no", help="a torch.compile mode for both (pair_style's compile)"
+    )
     args = parser.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(1)  # as a LAMMPS rank
     for atoms in args.atoms:
-        row = measure(args.dir / args.model, atoms, args.device, args.calls, args.warmup)
+        row = measure(
+            args.dir / args.model, atoms, args.device, args.calls, args.warmup, args.compile
+        )
         print(
             f"{row['atoms']:8d} atoms ({row['ghosts']} ghosts, {row['candidates']} candidates): "
             f"model {row['model_ms']:.2f} ms, step {row['step_ms']:.2f} ms, bridge "

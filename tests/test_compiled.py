@@ -107,6 +107,40 @@ def test_compiled_equals_eager(make):
     assert compiled.atom_capacity > graph.ntotal and compiled.pair_capacity > len(graph.pair_i)
 
 
+class ExchangeComm(OwnerComm):
+    """The exchange strategy's collectives: ghost rows only ever hold their owners'
+    features, so the potentials update owned rows only."""
+
+    exchange = True
+
+
+@pytest.mark.parametrize("name", POTENTIALS.keys())
+def test_exchange_strategy_on_owned_rows(name):
+    """With the exchange strategy the compiled potential works on the owned rows, a slice
+    of fixed length in the padded graph (owned padding before the ghosts): equal to eager,
+    and a graph with other owned and ghost counts within the capacities does not compile
+    again."""
+    potential = POTENTIALS[name]()
+    compiled = CompiledPotential(potential, headroom=0.5)
+    graph = decompose(fcc_argon_222(), potential.spec.cutoff, 1)[0]
+    comm = ExchangeComm(graph.owner, graph.nlocal)
+    _assert_same(_evaluate(compiled, graph, comm), _evaluate(potential, graph, comm))
+    assert comm.calls == 4 * (potential.spec.layers - 1)  # both ran the exchanges
+
+    rng = np.random.default_rng(2)
+    system = fcc_argon_222()
+    keep = np.sort(rng.choice(system.natoms, system.natoms - 2, replace=False))
+    fewer = type(system)(
+        "fewer", system.positions[keep], system.cell, system.pbc, system.species[keep],
+        system.elements,
+    )
+    graph2 = decompose(fewer, potential.spec.cutoff, 1)[0]
+    assert graph2.nlocal != graph.nlocal and graph2.ntotal != graph.ntotal
+    comm2 = ExchangeComm(graph2.owner, graph2.nlocal)
+    _assert_same(_evaluate(compiled, graph2, comm2), _evaluate(potential, graph2, comm2))
+    assert compiled.compilations == 1
+
+
 def test_shell_strategy():
     """Under the widened shell the exchanges are the identity and ghosts compute their
     own features: the compiled model on such a graph equals the eager one."""

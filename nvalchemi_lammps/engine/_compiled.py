@@ -2,10 +2,13 @@
 
 A compiled graph is specialized to its input shapes, and an MD run changes them all the
 time: each rank's ghost count and pair count move a little with every neighbor-list build.
-Here every graph is padded to an atom capacity and a pair capacity with headroom, so the
-shapes stay the same from step to step and the potential compiles once. Padding atoms have
-species -1; padding pairs join the first padding atom to itself with a pair vector twice
-the cutoff long. A potential that can be compiled this way (:meth:`Potential.prepare_compile
+Here every graph is padded to capacities with headroom, of owned rows, of ghost rows and of
+pairs, so the shapes stay the same from step to step and the potential compiles once. The
+padded rows are the owned ones, owned padding up to the owned capacity, the ghosts, ghost
+padding: the owned rows stay a leading slice of a fixed length, so a potential computes
+energies, and with the exchange strategy every layer's features, on those rows only, as it
+does eagerly, instead of on every row. Padding atoms have species -1; padding pairs join
+the first owned padding atom to itself with a pair vector twice the cutoff long. A potential that can be compiled this way (:meth:`Potential.prepare_compile
 <nvalchemi_lammps.potentials.Potential.prepare_compile>`) gives such atoms and pairs zero
 energy and zero gradient, so padding changes nothing but the shapes. When a graph outgrows a
 capacity, the capacity grows by the headroom and the potential compiles again;
@@ -32,17 +35,22 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 
 
 class _Active:
-    """The communication of the step being computed and its unpadded row count, read by
+    """The communication of the step being computed and where its rows are in the padded
+    graph (owned rows, the owned capacity at which the ghosts start, ghost rows), read by
     the operators below during the forward and the backward that follows it."""
 
     comm: Comm | None = None
-    ntotal = 0
+    nlocal = 0
+    owned = 0
+    nghost = 0
 
 
 def _on_rows(operation: Any, src: torch.Tensor) -> torch.Tensor:
-    # padding rows are their own owners: they pass through unchanged
-    rows = operation(src[: _Active.ntotal])
-    return torch.cat((rows, src[_Active.ntotal :]))
+    # the real rows in LAMMPS's order through the operation; padding rows are their own
+    # owners: they pass through unchanged
+    nlocal, owned, end = _Active.nlocal, _Active.owned, _Active.owned + _Active.nghost
+    rows = operation(torch.cat((src[:nlocal], src[owned:end])))
+    return torch.cat((rows[:nlocal], src[nlocal:owned], rows[nlocal:], src[end:]))
 
 
 # Never captured into a CUDA graph (modes with CUDA graphs): a replay would skip the Python
@@ -111,9 +119,15 @@ def _capacity(count: int, headroom: float) -> int:
     return 64 * math.ceil((count * (1.0 + headroom) + 1) / 64)
 
 
-def _padded(t: torch.Tensor, rows: int, fill: float) -> torch.Tensor:
-    pad = t.new_full((rows - t.shape[0], *t.shape[1:]), fill)
-    return torch.cat((t, pad))
+def _laid_out(t: torch.Tensor, nlocal: int, owned: int, rows: int, fill: float) -> torch.Tensor:
+    """Per-atom rows padded: owned rows, ``fill`` up to ``owned``, ghost rows, ``fill`` up to
+    ``rows``."""
+    ghosts = t.shape[0] - nlocal
+
+    def pad(n: int) -> torch.Tensor:
+        return t.new_full((n, *t.shape[1:]), fill)
+
+    return torch.cat((t[:nlocal], pad(owned - nlocal), t[nlocal:], pad(rows - owned - ghosts)))
 
 
 class CompiledPotential(Potential):
@@ -135,7 +149,8 @@ class CompiledPotential(Potential):
         self.periodicity = potential.periodicity
         self.mode = mode
         self.headroom = float(headroom)
-        self.atom_capacity = 0
+        self.owned_capacity = 0
+        self.ghost_capacity = 0
         self.pair_capacity = 0
         #: graphs compiled so far (forward graphs; each brings its backward)
         self.compilations = 0
@@ -167,27 +182,51 @@ class CompiledPotential(Potential):
     def check_box(self, pbc: tuple[bool, bool, bool]) -> None:
         self.inner.check_box(pbc)
 
+    @property
+    def atom_capacity(self) -> int:
+        """Rows of the padded graphs: the owned capacity plus the ghost capacity."""
+        return self.owned_capacity + self.ghost_capacity
+
     def forward(self, graph: LocalGraph) -> torch.Tensor:
-        ntotal, npairs = graph.ntotal, graph.npairs
-        if ntotal >= self.atom_capacity:
-            self.atom_capacity = _capacity(ntotal, self.headroom)
+        nlocal, nghost, npairs = graph.nlocal, graph.ntotal - graph.nlocal, graph.npairs
+        # at least one owned padding row: the padding pairs' atom
+        if nlocal >= self.owned_capacity:
+            self.owned_capacity = _capacity(nlocal, self.headroom)
+        if nghost > self.ghost_capacity:
+            self.ghost_capacity = _capacity(nghost, self.headroom)
         if npairs > self.pair_capacity:
             self.pair_capacity = _capacity(npairs, self.headroom)
-        atoms, pairs = self.atom_capacity, self.pair_capacity
-        padding = graph.pair_i.new_full((pairs - npairs,), ntotal)
+        owned, atoms, pairs = self.owned_capacity, self.atom_capacity, self.pair_capacity
+        shift = owned - nlocal
+
+        def placed(index: torch.Tensor) -> torch.Tensor:
+            moved = index + shift * (index >= nlocal) if nghost else index  # ghosts' rows
+            return torch.cat((moved, padding))
+
+        def rows(t: torch.Tensor | None, fill: float) -> torch.Tensor | None:
+            return None if t is None else _laid_out(t, nlocal, owned, atoms, fill)
+
+        padding = graph.pair_i.new_full((pairs - npairs,), nlocal)
         far = graph.rij.new_zeros(pairs - npairs, 3)
         far[:, 0] = 2.0 * self.spec.cutoff + 1.0
+        self._comm.exchange = graph.comm.exchange  # the potential's plan of rows reads it
         padded = dataclasses.replace(
             graph,
-            species=_padded(graph.species, atoms, -1),
-            pair_i=torch.cat((graph.pair_i, padding)),
-            pair_j=torch.cat((graph.pair_j, padding)),
+            nlocal=owned,
+            species=rows(graph.species, -1),
+            pair_i=placed(graph.pair_i),
+            pair_j=placed(graph.pair_j),
             rij=torch.cat((graph.rij, far)),
             comm=self._comm,
-            positions=None if graph.positions is None else _padded(graph.positions, atoms, 0),
-            charges=None if graph.charges is None else _padded(graph.charges, atoms, 0),
+            positions=rows(graph.positions, 0),
+            charges=rows(graph.charges, 0),
         )
-        _Active.comm, _Active.ntotal = graph.comm, ntotal
+        _Active.comm, _Active.nlocal, _Active.owned, _Active.nghost = (
+            graph.comm,
+            nlocal,
+            owned,
+            nghost,
+        )
         with warnings.catch_warnings():
             # the compiler's own: it reads .grad of its (non-leaf) inputs while it traces,
             # and its code generation calls TorchScript functions deprecated in torch 2.10+
@@ -195,7 +234,7 @@ class CompiledPotential(Potential):
             warnings.filterwarnings("ignore", message=r"`torch\.jit\.", category=DeprecationWarning)
             # the compiled code guards only on what the potential reads of the graph
             energies = self._compiled(padded)
-        return energies[:ntotal]
+        return torch.cat((energies[:nlocal], energies[owned : owned + nghost]))
 
     def _energies(self, graph: LocalGraph) -> torch.Tensor:
         return self.inner(graph)

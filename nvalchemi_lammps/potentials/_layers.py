@@ -5,8 +5,8 @@ last layer, its senders' after the layer before, and so on: a row ``d`` pairs aw
 owned rows (its depth) is needed up to layer ``layers - 1 - d``. So the last layer updates
 owned rows only; with the exchange strategy every layer does, since the next exchange
 overwrites ghost rows anyway; under the widened shell each layer updates the ghosts still
-needed, and the outermost shell only sends. Under ``torch.compile`` every row is updated:
-shapes stay fixed.
+needed, and the outermost shell only sends. Under ``torch.compile`` the widened shell
+updates every row: shapes stay fixed (the owned rows are a slice of fixed length there).
 
 Owned rows lead (LAMMPS's order), so they are a slice: a view to read and a concatenation
 to write back, where an index tensor would cost a gather and, in the backward, an
@@ -26,11 +26,13 @@ Rows = torch.Tensor | slice | None
 
 def updated_rows(graph: LocalGraph, layers: int) -> list[Rows]:
     """Per layer, the rows whose update is used."""
-    if torch.compiler.is_compiling() or graph.nlocal == graph.ntotal:
+    if graph.nlocal == graph.ntotal:
         return [None] * layers
     owned = slice(0, graph.nlocal)
     if graph.comm.exchange:
         return [owned] * layers
+    if torch.compiler.is_compiling():  # the shell's rows depend on the pairs
+        return [None] * layers
     depth = torch.full_like(graph.species, layers)
     depth[: graph.nlocal] = 0
     for _ in range(layers - 1):  # a sender is one deeper than its receiver
@@ -40,8 +42,9 @@ def updated_rows(graph: LocalGraph, layers: int) -> list[Rows]:
 
 
 def energy_rows(graph: LocalGraph) -> int:
-    """How many leading rows get energies: the owned ones (all under ``torch.compile``)."""
-    return graph.ntotal if torch.compiler.is_compiling() else graph.nlocal
+    """How many leading rows get energies: the owned ones (under ``torch.compile`` with
+    the owned padding rows, engine/_compiled.py)."""
+    return graph.nlocal
 
 
 def receiving_pairs(graph: LocalGraph, rows: Rows) -> torch.Tensor | None:

@@ -991,8 +991,9 @@ def _exchanges_in_blocks(graph: LocalGraph, model: torch.nn.Module) -> bool:
     """Run the blocks as mace-torch's ML-IAP path does (:func:`_owned_features`): with the
     exchange strategy, or one interaction under any strategy (nothing is exchanged, and no
     ghost row's update is used: the block's message ``linear`` and what follows take the
-    owned rows only), outside ``torch.compile`` (which updates every row), where every
-    interaction block takes the exchange hook (mace-torch's ``lammps_natoms``)."""
+    owned rows only), where every interaction block takes the exchange hook (mace-torch's
+    ``lammps_natoms``), outside ``torch.compile``, which cannot trace the hook's autograd
+    function (compiled, :func:`_row_features` runs the product basis on the owned rows)."""
     one_layer = len(model.interactions) == 1
     if not (graph.comm.exchange or one_layer) or torch.compiler.is_compiling():
         return False
