@@ -131,7 +131,11 @@ def test_exchange_strategy_on_owned_rows(name):
     system = fcc_argon_222()
     keep = np.sort(rng.choice(system.natoms, system.natoms - 2, replace=False))
     fewer = type(system)(
-        "fewer", system.positions[keep], system.cell, system.pbc, system.species[keep],
+        "fewer",
+        system.positions[keep],
+        system.cell,
+        system.pbc,
+        system.species[keep],
         system.elements,
     )
     graph2 = decompose(fewer, potential.spec.cutoff, 1)[0]

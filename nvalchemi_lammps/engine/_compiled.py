@@ -8,7 +8,8 @@ padded rows are the owned ones, owned padding up to the owned capacity, the ghos
 padding: the owned rows stay a leading slice of a fixed length, so a potential computes
 energies, and with the exchange strategy every layer's features, on those rows only, as it
 does eagerly, instead of on every row. Padding atoms have species -1; padding pairs join
-the first owned padding atom to itself with a pair vector twice the cutoff long. A potential that can be compiled this way (:meth:`Potential.prepare_compile
+the first owned padding atom to itself with a pair vector twice the cutoff long. A
+potential that can be compiled this way (:meth:`Potential.prepare_compile
 <nvalchemi_lammps.potentials.Potential.prepare_compile>`) gives such atoms and pairs zero
 energy and zero gradient, so padding changes nothing but the shapes. When a graph outgrows a
 capacity, the capacity grows by the headroom and the potential compiles again;
