@@ -199,6 +199,7 @@ class CompiledPotential(Potential):
             self.pair_capacity = _capacity(npairs, self.headroom)
         owned, atoms, pairs = self.owned_capacity, self.atom_capacity, self.pair_capacity
         shift = owned - nlocal
+        padding = graph.pair_i.new_full((pairs - npairs,), nlocal)
 
         def placed(index: torch.Tensor) -> torch.Tensor:
             moved = index + shift * (index >= nlocal) if nghost else index  # ghosts' rows
@@ -207,7 +208,6 @@ class CompiledPotential(Potential):
         def rows(t: torch.Tensor | None, fill: float) -> torch.Tensor | None:
             return None if t is None else _laid_out(t, nlocal, owned, atoms, fill)
 
-        padding = graph.pair_i.new_full((pairs - npairs,), nlocal)
         far = graph.rij.new_zeros(pairs - npairs, 3)
         far[:, 0] = 2.0 * self.spec.cutoff + 1.0
         self._comm.exchange = graph.comm.exchange  # the potential's plan of rows reads it
