@@ -55,6 +55,13 @@ class Comm:
         """Sum ``x`` over all ranks."""
         raise NotImplementedError
 
+    def exchange_into(self, src: torch.Tensor, dst: torch.Tensor, forward: bool) -> None:
+        """Write the forward (or reverse) exchange of ``src`` into ``dst`` (same shape),
+        outside autograd: for a model that wraps the exchanges in an autograd function of
+        its own (mace-torch's ``LAMMPS_MP`` calls it in its forward and backward)."""
+        with torch.no_grad():
+            dst.copy_(self.forward_exchange(src) if forward else self.reverse_exchange(src))
+
 
 class AdjointComm(Comm):
     """A :class:`Comm` made differentiable from a front door's raw operations: ``_forward``
@@ -70,6 +77,12 @@ class AdjointComm(Comm):
 
     def allreduce(self, x: torch.Tensor) -> torch.Tensor:
         return with_adjoint(x, self._sum, self._sum)
+
+    def exchange_into(self, src: torch.Tensor, dst: torch.Tensor, forward: bool) -> None:
+        if not self.exchange:
+            dst.copy_(src)
+        else:
+            dst.copy_((self._forward if forward else self._reverse)(src.detach()))
 
     def _forward(self, src: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

@@ -142,16 +142,33 @@ class KokkosComm(AdjointComm):
     def _reverse(self, src: torch.Tensor) -> torch.Tensor:
         return self._exchanged(self.collectives.reverse_exchange, src)
 
+    def exchange_into(self, src: torch.Tensor, dst: torch.Tensor, forward: bool) -> None:
+        if not self.exchange:
+            dst.copy_(src)
+            return
+        operation = (
+            self.collectives.forward_exchange if forward else self.collectives.reverse_exchange
+        )
+        if dst.dtype == torch.float64 and dst.device == self.device and dst.is_contiguous():
+            dst.copy_(src)  # KOKKOS exchanges dst's own memory: no staging copy
+            self._in_place(operation, dst.view(dst.shape[0], math.prod(dst.shape[1:])))
+        else:
+            dst.copy_(self._exchanged(operation, src.detach()))
+
     def _exchanged(self, operation: Any, src: torch.Tensor) -> torch.Tensor:
         # the width from the shape, not reshape(-1): a rank without atoms has zero rows
-        width = math.prod(src.shape[1:])
-        rows = src.detach().reshape(src.shape[0], width)
+        rows = src.detach().reshape(src.shape[0], math.prod(src.shape[1:]))
         rows = rows.to(device=self.device, dtype=torch.float64, copy=True).contiguous()
-        if width:  # the same width on every rank: all call, or none
-            fence(rows.device)  # Kokkos's kernels read what torch wrote, then torch theirs
-            operation(rows.data_ptr(), int(rows.shape[0]), int(width))
-            fence(rows.device)
+        self._in_place(operation, rows)
         return rows.to(device=src.device, dtype=src.dtype).reshape(src.shape)
+
+    @staticmethod
+    def _in_place(operation: Any, rows: torch.Tensor) -> None:
+        """KOKKOS's exchange on contiguous float64 ``(nrows, width)`` rows in its memory."""
+        if rows.shape[1]:  # the same width on every rank: all call, or none
+            fence(rows.device)  # Kokkos's kernels read what torch wrote, then torch theirs
+            operation(rows.data_ptr(), int(rows.shape[0]), int(rows.shape[1]))
+            fence(rows.device)
 
     def _sum(self, x: torch.Tensor) -> torch.Tensor:
         values = x.detach().reshape(-1).to(device="cpu", dtype=torch.float64, copy=True)

@@ -133,10 +133,16 @@ def _exchanged(exchange: Any, src: torch.Tensor) -> torch.Tensor:
         rows = rows.to(torch.float64)
     rows = rows.contiguous()
     out = torch.empty_like(rows)
-    fence(rows.device)
-    exchange(rows, out, int(rows.shape[1]))
-    fence(out.device)
+    _exchange_rows(exchange, rows, out)
     return out.to(src.dtype).reshape(src.shape)
+
+
+def _exchange_rows(exchange: Any, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """ML-IAP's ``exchange`` from contiguous ``(nrows, width)`` rows into ``dst``'s, of one
+    dtype; ML-IAP writes every row of ``dst``."""
+    fence(dst.device)  # its kernels read what torch wrote, then torch theirs
+    exchange(src, dst, int(src.shape[1]))
+    fence(dst.device)
 
 
 class MliapComm(AdjointComm):
@@ -155,6 +161,22 @@ class MliapComm(AdjointComm):
 
     def _reverse(self, src: torch.Tensor) -> torch.Tensor:
         return _exchanged(self.data.reverse_exchange, src)
+
+    def exchange_into(self, src: torch.Tensor, dst: torch.Tensor, forward: bool) -> None:
+        exchange = self.data.forward_exchange if forward else self.data.reverse_exchange
+        direct = (
+            self.exchange
+            and src.dtype == dst.dtype
+            and dst.dtype in (torch.float32, torch.float64)  # the two LAMMPS accepts
+            and src.is_contiguous()
+            and dst.is_contiguous()
+        )
+        if not direct:
+            super().exchange_into(src, dst, forward)
+            return
+        # straight into dst, as mace-torch's LAMMPS_MP calls it: no staging copy
+        rows, width = src.shape[0], math.prod(src.shape[1:])
+        _exchange_rows(exchange, src.detach().view(rows, width), dst.view(rows, width))
 
     def _sum(self, x: torch.Tensor) -> torch.Tensor:
         raise RuntimeError(
