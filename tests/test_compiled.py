@@ -299,3 +299,63 @@ def test_pipeline_without_compilable_terms_is_refused():
         compile_potential(Pipeline([ewald()]))
     with pytest.raises(ValueError, match="compile mode must be one of"):
         compile_potential(Pipeline([ewald()]), mode="fast")
+
+
+def test_mace_compiled_exchanges_inside_its_blocks(monkeypatch):
+    """Compiled, MACE runs its blocks as it does eagerly (test_exchange_strategy_on_owned_rows
+    compares the two): exchanging through mace-torch's own hook after each interaction's
+    ``linear_up``, owned rows only, not the whole layers' features in between. (A separate
+    compilation: the recording is state the compiled code guards on.)"""
+    from nvalchemi_lammps.potentials import mace
+
+    potential = _mace()  # before the recording: its check against mace-torch runs one rank
+    paths = []
+
+    def recording(name, run):
+        def recorded(*args):
+            paths.append(name)  # once, when the compiler traces it
+            return run(*args)
+
+        return recorded
+
+    for name in ("_owned_features", "_row_features"):
+        monkeypatch.setattr(mace, name, recording(name, getattr(mace, name)))
+    graph = decompose(fcc_argon_222(), potential.spec.cutoff, 1)[0]
+    _evaluate(CompiledPotential(potential), graph, ExchangeComm(graph.owner, graph.nlocal))
+    assert paths == ["_owned_features"]
+
+
+class CountingComm(Comm):
+    """Exchanges as the identity, counted: what a rank of a decomposition calls."""
+
+    exchange = True
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
+        self.calls.append("forward")
+        return src.clone()
+
+    def reverse_exchange(self, src: torch.Tensor) -> torch.Tensor:
+        self.calls.append("reverse")
+        return src.clone()
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def test_rank_without_pairs_calls_every_exchange():
+    """A rank without atoms or pairs (a processors grid with empty ranks) exchanges as often
+    compiled as eagerly, as the other ranks do: MACE's exchanged rows feed pairs only, and
+    the compiler must not drop an exchange that its graph does not read (it did: the other
+    ranks waited for ever)."""
+    potential = _mace()
+    empty = decompose(fcc_argon_222(), potential.spec.cutoff, 4, nslabs=2)[3]
+    assert empty.nlocal == 0 and len(empty.pair_i) == 0 and empty.ntotal > 0
+    calls = []
+    for run in (potential, CompiledPotential(potential)):
+        comm = CountingComm()
+        evaluate(run, empty.local_graph(comm))
+        calls.append(comm.calls)
+    assert calls[0] == calls[1] == ["forward", "reverse"], calls

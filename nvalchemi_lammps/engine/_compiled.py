@@ -17,7 +17,9 @@ capacity, the capacity grows by the headroom and the potential compiles again;
 
 Collectives stay outside the compiled code: inside it, ``graph.comm`` is a stand-in whose
 exchanges and all-reduces are custom operators (opaque to the compiler, with each other as
-derivatives), which call the step's real communication on the unpadded rows.
+derivatives), which call the step's real communication on the unpadded rows. The compiler
+keeps every one of them, also one whose result a rank's graph does not read: every rank
+calls the same collectives.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import warnings
 from typing import Any
 
 import torch
+from torch.fx.node import has_side_effect
 
 from ..contract import Comm, LocalGraph, Potential
 
@@ -80,6 +83,10 @@ def _allreduce(x: torch.Tensor) -> torch.Tensor:
 
 for _op in (_forward_exchange, _reverse_exchange, _allreduce):
     _op.register_fake(lambda src: torch.empty_like(src))
+    # every rank calls every collective, also one whose result its graph does not read:
+    # the compiler's dead code elimination would leave the other ranks waiting for it
+    # (honored by torch 2.13's inductor; the padding pair in forward() covers older ones)
+    has_side_effect(_op._opoverload)
 _forward_exchange.register_autograd(lambda ctx, grad: _reverse_exchange(grad))
 _reverse_exchange.register_autograd(lambda ctx, grad: _forward_exchange(grad))
 _allreduce.register_autograd(lambda ctx, grad: _allreduce(grad))
@@ -195,7 +202,10 @@ class CompiledPotential(Potential):
             self.owned_capacity = _capacity(nlocal, self.headroom)
         if nghost > self.ghost_capacity:
             self.ghost_capacity = _capacity(nghost, self.headroom)
-        if npairs > self.pair_capacity:
+        # and at least one padding pair, also on a rank without pairs: every rank's compiled
+        # graph then reads the rows that it exchanges, and none drops an exchange (whose
+        # result nothing would read) that the other ranks wait for
+        if npairs >= self.pair_capacity:
             self.pair_capacity = _capacity(npairs, self.headroom)
         owned, atoms, pairs = self.owned_capacity, self.atom_capacity, self.pair_capacity
         shift = owned - nlocal
@@ -233,6 +243,10 @@ class CompiledPotential(Potential):
             # and its code generation calls TorchScript functions deprecated in torch 2.10+
             warnings.filterwarnings("ignore", message=r"The \.grad attribute of a Tensor")
             warnings.filterwarnings("ignore", message=r"`torch\.jit\.", category=DeprecationWarning)
+            # and it instantiates the autograd functions it traces (mace-torch's exchange)
+            warnings.filterwarnings(
+                "ignore", message=r".*should not be instantiated", category=DeprecationWarning
+            )
             # the compiled code guards only on what the potential reads of the graph
             energies = self._compiled(padded)
         return torch.cat((energies[:nlocal], energies[owned : owned + nghost]))

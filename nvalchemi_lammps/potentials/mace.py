@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import importlib
-import inspect
 import io
 import os
 import sys
@@ -981,10 +979,10 @@ class _ExchangeHook:
         self.comm = comm
 
     def forward_exchange(self, src: torch.Tensor, dst: torch.Tensor, width: int) -> None:
-        dst.copy_(self.comm.forward_exchange(src))
+        self.comm.exchange_into(src, dst, forward=True)
 
     def reverse_exchange(self, src: torch.Tensor, dst: torch.Tensor, width: int) -> None:
-        dst.copy_(self.comm.reverse_exchange(src))
+        self.comm.exchange_into(src, dst, forward=False)
 
 
 def _exchanges_in_blocks(graph: LocalGraph, model: torch.nn.Module) -> bool:
@@ -992,17 +990,17 @@ def _exchanges_in_blocks(graph: LocalGraph, model: torch.nn.Module) -> bool:
     exchange strategy, or one interaction under any strategy (nothing is exchanged, and no
     ghost row's update is used: the block's message ``linear`` and what follows take the
     owned rows only), where every interaction block takes the exchange hook (mace-torch's
-    ``lammps_natoms``), outside ``torch.compile``, which cannot trace the hook's autograd
-    function (compiled, :func:`_row_features` runs the product basis on the owned rows)."""
+    ``lammps_natoms``). Compiled too: the hook's autograd function is traced, and its
+    exchanges are the compiled graph's custom operators (engine/_compiled.py)."""
     one_layer = len(model.interactions) == 1
-    if not (graph.comm.exchange or one_layer) or torch.compiler.is_compiling():
+    if not (graph.comm.exchange or one_layer):
         return False
     return all(_takes_exchange_hook(type(block)) for block in model.interactions)
 
 
-@functools.cache
 def _takes_exchange_hook(block: type) -> bool:
-    return "lammps_natoms" in inspect.signature(block.forward).parameters
+    code = block.forward.__code__  # its arguments' names (read by torch.compile too)
+    return "lammps_natoms" in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
 
 
 def _receiving_edges(graph: LocalGraph, rows: Rows, edges: _Edges) -> _Edges:
