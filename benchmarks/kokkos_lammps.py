@@ -12,6 +12,7 @@ computed without LAMMPS) into DIR. On the GPU machine, with a LAMMPS built by
 ``tools/build_plugin_kokkos.sh`` in PREFIX/plugin-build):
 
     python benchmarks/kokkos_lammps.py check DIR --lammps PREFIX [--gpus 2] [--door kk]
+    python benchmarks/kokkos_lammps.py check DIR --lammps PREFIX --compile default --models mace64
     python benchmarks/kokkos_lammps.py bench DIR --lammps PREFIX --atoms 1000 20000 100000
     python benchmarks/kokkos_lammps.py cueq DIR    # where cuequivariance-ops-torch is installed
     python benchmarks/kokkos_lammps.py bench DIR --lammps PREFIX --kernels cuequivariance
@@ -21,7 +22,9 @@ model, MACE float64 and float32, DFT-D3) with ``-k on g N -sf kk -pk kokkos newt
 half`` on 1 rank, 2 ranks on one GPU, 2 ranks on 2 GPUs and 2 ranks of which one owns no
 atoms (on one and on two GPUs), and compares energy, per-atom energies, forces, pressure and
 per-atom stress with the reference by atom ID (1e-10 relative in float64, 1e-5 in float32);
-then 200 NVE steps of the message-passing model on 2 ranks against 1 rank. ``bench`` times
+then 200 NVE steps of the message-passing model on 2 ranks against 1 rank; ``--compile
+MODE``: the same with the models compiled, as ``compile MODE`` (``--door kk``) and
+``NVALCHEMI_LAMMPS_COMPILE=MODE`` (``--door mliap``) do. ``bench`` times
 the random MACE of docs/performance.md side by side, per size and precision: the bare
 model's forward and backward on the whole periodic system in this process (the reference
 evaluator's pairs), then LAMMPS steps through each ``--styles``: ``kk`` (``nvalchemi/kk``),
@@ -230,6 +233,15 @@ class Door:
     def kokkos(self) -> bool:
         return self.name != "host"
 
+    def compiled(self, mode: str) -> tuple[str, dict[str, str]]:
+        """The pair style's keywords and the environment that compile a model in ``mode``
+        ("no": none)."""
+        if mode == "no":
+            return "", {}
+        if self.name == "mliap":  # ML-IAP's pair style takes no keywords of ours
+            return "", {"NVALCHEMI_LAMMPS_COMPILE": mode}
+        return f"compile {mode}", {}
+
     def pair_style(self, model: Path, device: str, extra: str = "") -> str:
         if self.name == "mliap":
             return f"mliap unified {model} 0"
@@ -325,9 +337,16 @@ def failure(run: LammpsRun) -> str:
 
 
 def check(
-    data: Path, lammps: Lammps, door: Door, gpus: int, models: list[str], nve_steps: int
+    data: Path,
+    lammps: Lammps,
+    door: Door,
+    gpus: int,
+    models: list[str],
+    nve_steps: int,
+    compile_mode: str = "no",
 ) -> list[Row]:
     device = "cuda" if gpus else "cpu"
+    extra, env = door.compiled(compile_mode)
     rows = []
     for case in CASES:
         if case.name not in models:
@@ -337,14 +356,14 @@ def check(
             if ngpu > gpus:
                 continue
             name = label.replace(" ", "_").replace(",", "")
-            workdir = data / "runs" / door.name / case.name / name
+            workdir = data / "runs" / f"{door.name}-{compile_mode}" / case.name / name
             script = comparison_script(
                 str(data / f"{case.structure}.data"),
-                door.pair_style(data / f"{case.name}.pt", device),
+                door.pair_style(data / f"{case.name}.pt", device, extra),
                 case.elements,
                 processors,
             )
-            run = lammps.run(script, ranks, ngpu, workdir, door.kokkos)
+            run = lammps.run(script, ranks, ngpu, workdir, door.kokkos, env)
             if run.returncode != 0:
                 rows.append(Row(case.name, label, "crash", float("nan"), False, failure(run)))
                 continue
@@ -361,7 +380,7 @@ def check(
                 flush=True,
             )
     if nve_steps:
-        rows += nve(data, lammps, door, gpus, nve_steps)
+        rows += nve(data, lammps, door, gpus, nve_steps, compile_mode)
     return rows
 
 
@@ -394,16 +413,19 @@ def nve_script(data: Path, pair_style: str, processors: str, steps: int) -> str:
     )
 
 
-def nve(data: Path, lammps: Lammps, door: Door, gpus: int, steps: int = 200) -> list[Row]:
+def nve(
+    data: Path, lammps: Lammps, door: Door, gpus: int, steps: int = 200, compile_mode: str = "no"
+) -> list[Row]:
     """200 NVE steps of the message-passing model: 2 ranks (1 and 2 GPUs) = 1 rank."""
-    pair_style = door.pair_style(data / "mpnn.pt", "cuda" if gpus else "cpu")
+    extra, env = door.compiled(compile_mode)
+    pair_style = door.pair_style(data / "mpnn.pt", "cuda" if gpus else "cpu", extra)
     runs = {}
     for label, ranks, ngpu, processors in RUNS[:3] if gpus else HOST_RUNS[:2]:
         if ngpu > gpus:
             continue
-        workdir = data / "runs" / door.name / "nve" / label.replace(" ", "_")
+        workdir = data / "runs" / f"{door.name}-{compile_mode}" / "nve" / label.replace(" ", "_")
         script = nve_script(data / "ar_ne.data", pair_style, processors, steps)
-        runs[label] = lammps.run(script, ranks, ngpu, workdir, door.kokkos)
+        runs[label] = lammps.run(script, ranks, ngpu, workdir, door.kokkos, env)
     base = runs.pop("1 rank")
     rows = []
     for label, run in runs.items():
@@ -747,6 +769,9 @@ def main() -> int:
     parser.add_argument("--nve-steps", type=int, default=200, help="check: 0 for none")
     parser.add_argument("--door", choices=DOORS[:2], default="mliap", help="check: the door")
     parser.add_argument(
+        "--compile", default="no", help="check: the models compiled in this torch.compile mode"
+    )
+    parser.add_argument(
         "--styles",
         nargs="+",
         choices=list(STYLES),
@@ -774,7 +799,9 @@ def main() -> int:
         return 0
     lammps = Lammps(args.lammps.resolve(), tuple(args.package.split()))
     if args.mode == "check":
-        rows = check(data, lammps, Door(args.door), args.gpus, args.models, args.nve_steps)
+        rows = check(
+            data, lammps, Door(args.door), args.gpus, args.models, args.nve_steps, args.compile
+        )
         print(f"\n{'model':16s} {'run':28s} {'worst quantity':16s} {'relative':>10s}  result")
         for r in rows:
             print(
