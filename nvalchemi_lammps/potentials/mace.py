@@ -35,6 +35,7 @@ import importlib
 import io
 import os
 import sys
+import types
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -826,6 +827,8 @@ class Mace(Potential):
         # 2-rank run lost a reverse exchange on one rank only, which then left the other
         # waiting in it (the ranks' collectives must match; tests/test_lammps_compile.py)
         compiled.model = simplify(network).to(next(self.model.parameters())).eval()
+        for block in compiled.model.interactions:
+            block.handle_lammps = types.MethodType(_handle_lammps_traced, block)
         # compiled code runs e3nn's kernels (cuEquivariance's are not traced here)
         object.__setattr__(compiled, "_cueq", None)
         object.__setattr__(compiled, "_cueq_stale", False)
@@ -985,13 +988,35 @@ class _ExchangeHook:
         self.comm.exchange_into(src, dst, forward=False)
 
 
+def _handle_lammps_traced(
+    block: torch.nn.Module,
+    node_feats: torch.Tensor,
+    lammps_class: _ExchangeHook | None,
+    lammps_natoms: tuple[int, int],
+    first_layer: bool,
+) -> torch.Tensor:
+    """An interaction block's ``handle_lammps`` in the compiled copy: the owned rows, zero
+    ghost rows, through the contract's ``forward_exchange`` (a custom operator with its
+    derivative, engine/_compiled.py) rather than mace-torch's ``LAMMPS_MP``. That autograd
+    function returns a new tensor written in place by the exchange, and torch 2.11's
+    compiler differentiates such an output wrongly: the gradients into the exchange come
+    out zero, and with them every force through the ghosts' features (torch 2.13 is right;
+    ``tests/test_compiled.py::test_mace_compiled_exchanges_inside_its_blocks``)."""
+    if lammps_class is None or first_layer:
+        return node_feats
+    n_real, n_ghost = lammps_natoms
+    if node_feats.shape[0] != n_real + n_ghost:
+        node_feats = torch.cat((node_feats, node_feats.new_zeros(n_ghost, node_feats.shape[1])))
+    return lammps_class.comm.forward_exchange(node_feats)
+
+
 def _exchanges_in_blocks(graph: LocalGraph, model: torch.nn.Module) -> bool:
     """Run the blocks as mace-torch's ML-IAP path does (:func:`_owned_features`): with the
     exchange strategy, or one interaction under any strategy (nothing is exchanged, and no
     ghost row's update is used: the block's message ``linear`` and what follows take the
     owned rows only), where every interaction block takes the exchange hook (mace-torch's
-    ``lammps_natoms``). Compiled too: the hook's autograd function is traced, and its
-    exchanges are the compiled graph's custom operators (engine/_compiled.py)."""
+    ``lammps_natoms``). Compiled too, the blocks' exchange being the compiled graph's
+    custom operator (:func:`_handle_lammps_traced`)."""
     one_layer = len(model.interactions) == 1
     if not (graph.comm.exchange or one_layer):
         return False
