@@ -462,21 +462,19 @@ def nve(
 
 
 #: bench's styles: the door, whose model file (this project's or mace-torch's class), and
-#: more keywords of pair_style nvalchemi
+#: the torch.compile mode of this project's model ("no": eager; Door.compiled)
 STYLES = {
-    "kk": (Door("kk"), "nvalchemi", ""),
-    "kk-compile": (Door("kk"), "nvalchemi", "compile default"),
-    "mliap": (Door("mliap"), "nvalchemi", ""),
-    "mliap-compile": (Door("mliap"), "nvalchemi", ""),
-    "mace-torch": (Door("mliap"), "mace-torch", ""),
-    "host": (Door("host"), "nvalchemi", ""),
-    "host-compile": (Door("host"), "nvalchemi", "compile default"),
+    "kk": (Door("kk"), "nvalchemi", "no"),
+    "kk-compile": (Door("kk"), "nvalchemi", "default"),
+    "mliap": (Door("mliap"), "nvalchemi", "no"),
+    "mliap-compile": (Door("mliap"), "nvalchemi", "default"),
+    "mace-torch": (Door("mliap"), "mace-torch", "no"),
+    "host": (Door("host"), "nvalchemi", "no"),
+    "host-compile": (Door("host"), "nvalchemi", "default"),
 }
 #: the styles' suffix for the compiled model: their step / model is against the bare model
 #: compiled the same way
 COMPILED = "-compile"
-#: the environment a style adds (ML-IAP's pair style takes no keywords of ours)
-STYLE_ENV = {"mliap-compile": {"NVALCHEMI_LAMMPS_COMPILE": "default"}}
 
 
 def bench_script(
@@ -672,7 +670,8 @@ def _bench_run(
     """One LAMMPS run of ``style``: median ms/step of 3 runs of ``steps`` steps after 5;
     with ``profile`` the kernels of :data:`PROFILED` of its steps, with ``memory`` the GPU
     memory of ``nvalchemi/kk``'s first steps phase by phase (step_profile.py)."""
-    door, whose, extra = STYLES[style]
+    door, whose, mode = STYLES[style]
+    extra, style_env = door.compiled(mode)
     kernels, dtype, natoms = model["kernels"], model["dtype"], model["atoms"]
     own = "" if kernels == "e3nn" else f"_{kernels}"
     bits = dtype.removeprefix("float")
@@ -683,7 +682,7 @@ def _bench_run(
     workdir = data / "runs" / "bench" / f"{natoms}_{style}_{dtype}_{kernels}_{ranks}"
     script = bench_script(path, pair_style, processors, 5, steps, 3, dump)
     env, kernels, phases = (
-        dict(STYLE_ENV.get(style, {})),
+        dict(style_env),
         workdir / "profile.json",
         workdir / "memory.json",
     )
