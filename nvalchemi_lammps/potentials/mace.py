@@ -1024,8 +1024,10 @@ def _exchanges_in_blocks(graph: LocalGraph, model: torch.nn.Module) -> bool:
 
 
 def _takes_exchange_hook(block: type) -> bool:
+    # and exchanges in handle_lammps, which the compiled copy replaces (prepare_compile)
     code = block.forward.__code__  # its arguments' names (read by torch.compile too)
-    return "lammps_natoms" in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    arguments = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    return "lammps_natoms" in arguments and hasattr(block, "handle_lammps")
 
 
 def _receiving_edges(graph: LocalGraph, rows: Rows, edges: _Edges) -> _Edges:
