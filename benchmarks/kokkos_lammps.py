@@ -514,6 +514,49 @@ class GpuMemory:
         self._thread.join()
 
 
+class BareModel:
+    """The model's forward and backward on the whole periodic system (the reference
+    evaluator's pairs, no LAMMPS), ready to time in whichever process holds it; ``compiled``:
+    under ``torch.compile`` (mode default, padded graphs) as the ``-compile`` styles run it."""
+
+    def __init__(self, model_file: Path, system: dict, device: str, compiled: bool = False):
+        import torch
+
+        from nvalchemi_lammps import load_model
+        from nvalchemi_lammps.engine import compile_potential
+        from nvalchemi_lammps.reference import neighbor_pairs
+
+        self.potential = load_model(model_file).to(device)
+        if compiled:
+            self.potential = compile_potential(self.potential)
+        self.synchronize = torch.cuda.synchronize if device == "cuda" else lambda: None
+        if device == "cpu":
+            torch.set_num_threads(1)  # as a LAMMPS rank without OMP_NUM_THREADS
+        positions, cell = system["positions"], system["cell"]
+        pairs = neighbor_pairs(positions, cell, (True, True, True), self.potential.spec.cutoff)
+        self.natoms = len(positions)
+        self.inputs = [
+            torch.as_tensor(system["types"] - 1, device=device),
+            *(torch.from_numpy(a).to(device) for a in (pairs.pair_i, pairs.pair_j, pairs.rij)),
+        ]
+        self.synchronize()
+
+    def __call__(self) -> None:
+        from nvalchemi_lammps import LocalGraph, evaluate
+
+        evaluate(self.potential, LocalGraph(self.natoms, *self.inputs))
+
+    def samples(self, calls: int) -> list[float]:
+        """ms of each of ``calls`` calls, each to its end (a CUDA synchronization)."""
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            self()
+            self.synchronize()
+            times.append(1e3 * (time.perf_counter() - start))
+        return times
+
+
 def bare_model(
     model_file: Path,
     system: dict,
@@ -522,39 +565,17 @@ def bare_model(
     profile: bool = False,
     compiled: bool = False,
 ) -> dict:
-    """The model's forward and backward on the whole periodic system in this process (the
-    reference evaluator's pairs, no LAMMPS): median ms of ``calls`` after one warm-up, and
-    the peak memory torch allocated (inputs included); with ``profile`` the kernels of
-    :data:`PROFILED` more calls (step_profile.py); ``compiled``: under ``torch.compile``
-    (mode default, padded graphs) as the ``-compile`` styles run it, the warm-up compiling."""
+    """The bare model (:class:`BareModel`) in this process: median ms of ``calls`` after one
+    warm-up (compiling, when ``compiled``), and the peak memory torch allocated (inputs
+    included); with ``profile`` the kernels of :data:`PROFILED` more calls
+    (step_profile.py)."""
     import torch
 
-    from nvalchemi_lammps import LocalGraph, evaluate, load_model
-    from nvalchemi_lammps.engine import compile_potential
-    from nvalchemi_lammps.reference import neighbor_pairs
-
-    potential = load_model(model_file).to(device)
-    if compiled:
-        potential = compile_potential(potential)
-    synchronize = torch.cuda.synchronize if device == "cuda" else lambda: None
-    if device == "cpu":
-        torch.set_num_threads(1)  # as a LAMMPS rank without OMP_NUM_THREADS
-    positions, cell = system["positions"], system["cell"]
-    pairs = neighbor_pairs(positions, cell, (True, True, True), potential.spec.cutoff)
-    inputs = [
-        torch.as_tensor(system["types"] - 1, device=device),
-        *(torch.from_numpy(a).to(device) for a in (pairs.pair_i, pairs.pair_j, pairs.rij)),
-    ]
-    synchronize()
+    model = BareModel(model_file, system, device, compiled)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    samples = []
     try:
-        for k in range(calls + 1):
-            start = time.perf_counter()
-            evaluate(potential, LocalGraph(len(positions), *inputs))
-            synchronize()
-            samples.append(1e3 * (time.perf_counter() - start))
+        samples = model.samples(calls + 1)
         peak = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
         row = {"ms_per_step": statistics.median(samples[1:]), "peak_mib": peak}
         if profile:
@@ -562,15 +583,15 @@ def bare_model(
             with torch.profiler.profile(activities=activities) as kernels:
                 start = time.perf_counter()
                 for _ in range(PROFILED):
-                    evaluate(potential, LocalGraph(len(positions), *inputs))
-                synchronize()
+                    model()
+                model.synchronize()
                 wall = time.perf_counter() - start
             row["profile"] = step_profile.kernel_table(kernels, PROFILED, wall)
         return row
     except torch.cuda.OutOfMemoryError:
         return {"error": "out of memory"}
     finally:
-        del potential, inputs
+        del model
         torch.cuda.empty_cache()
 
 

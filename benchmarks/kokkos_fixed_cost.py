@@ -1,0 +1,148 @@
+"""What a KOKKOS LAMMPS step costs beyond the model, measured in turns inside one LAMMPS
+process: ``run STEPS`` of a style, then the bare model (kokkos_lammps.BareModel: the whole
+periodic system, no LAMMPS) timed ``--calls`` times by LAMMPS's embedded Python
+(``python source here``), ``--turns`` times over, on 1 rank and 1 GPU.
+
+The host of a small model's step is the bottleneck (launch-bound), and its speed drifts by
+tens of percent between minutes (docs/performance.md, round 9): a step and a bare model
+timed in separate processes minutes apart do not give its fixed cost. Here each turn's
+ms/step is set against the mean of the bare model's medians just before and just after it,
+in the same process, on the same GPU context: printed and written are the median over the
+turns of the difference (the fixed cost per step) and of the ratio.
+
+    python benchmarks/kokkos_fixed_cost.py DIR --lammps PREFIX --atoms 1000 20000 \\
+        --styles kk kk-compile mliap
+
+DIR is ``kokkos_lammps.py prepare``'s folder; PREFIX as for kokkos_lammps.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE)]
+
+import kokkos_lammps as kl
+from bench_strategies import LATTICE, crystal
+
+#: the bare models this process timed, by (model file, atoms, compiled): kept between the
+#: ``python source`` commands of one LAMMPS run
+_MODELS: dict[tuple[str, int, bool], kl.BareModel] = {}
+
+
+def time_bare(model_file: str, atoms: int, calls: int, compiled: bool, out: str) -> None:
+    """Called by LAMMPS's embedded Python between runs: append the bare model's median ms of
+    ``calls`` calls to ``out`` (the first call builds and warms it up, untimed)."""
+    key = (model_file, atoms, compiled)
+    if key not in _MODELS:
+        _, system = crystal(atoms, LATTICE["mace"], Path(out).with_suffix(".data"))
+        _MODELS[key] = kl.BareModel(Path(model_file), system, "cuda", compiled)
+        _MODELS[key].samples(2)
+    with open(out, "a") as stream:
+        stream.write(f"{statistics.median(_MODELS[key].samples(calls))}\n")
+
+
+def script(
+    data: Path,
+    pair_style: str,
+    model_file: Path,
+    atoms: int,
+    steps: int,
+    turns: int,
+    calls: int,
+    compiled: bool,
+    out: Path,
+) -> str:
+    """The style's MD with the bare model timed before the first timed run and after each."""
+    call = (
+        f"import sys; sys.path.insert(0, '{HERE}'); import kokkos_fixed_cost as f; "
+        f"f.time_bare('{model_file}', {atoms}, {calls}, {compiled}, '{out}')"
+    )
+    bare = f'python source here "{call}"\n'
+    text = kl.md_script(data, pair_style, "Ar Kr", "") + "thermo 0\nrun 5\n" + bare
+    return text + (f"run {steps}\n" + bare) * turns
+
+
+def measure(
+    folder: Path, lammps: kl.Lammps, atoms: int, style: str, steps: int, turns: int, calls: int
+) -> dict:
+    door, whose, mode = kl.STYLES[style]
+    extra, env = door.compiled(mode)
+    data, system = crystal(atoms, LATTICE["mace"], folder / f"bench{atoms}.data")
+    ours = folder / "mace32_e3nn.pt"
+    model_file = folder / "mace32_own.pt" if whose == "mace-torch" else ours
+    workdir = folder / "runs" / "fixed" / f"{atoms}_{style}"
+    out = workdir / "bare_ms.txt"
+    workdir.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)
+    compiled = style.endswith(kl.COMPILED)
+    text = script(
+        data,
+        door.pair_style(model_file, "cuda", extra),
+        ours,
+        atoms,
+        steps,
+        turns,
+        calls,
+        compiled,
+        out,
+    )
+    run = lammps.run(text, 1, 1, workdir, door.kokkos, env)
+    (workdir / "output.txt").write_text(run.output)
+    row = {"atoms": len(system["positions"]), "style": style, "dtype": "float32"}
+    if run.returncode != 0:
+        return {**row, "error": kl.failure(run)[-300:]}
+    steps_ms = [1e3 * float(t) / int(n) for t, n in kl._LOOP.findall(run.output) if int(n)]
+    steps_ms = steps_ms[-turns:]  # the warm-up run first
+    bare = [float(v) for v in out.read_text().split()]
+    around = [(a + b) / 2 for a, b in itertools.pairwise(bare)]
+    row |= {
+        "step_ms": steps_ms,
+        "bare_ms": bare,
+        "ms_per_step": statistics.median(steps_ms),
+        "model_ms": statistics.median(bare),
+        "fixed_ms": statistics.median(s - m for s, m in zip(steps_ms, around, strict=True)),
+        "step_over_model": statistics.median(s / m for s, m in zip(steps_ms, around, strict=True)),
+    }
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dir", type=Path, help="kokkos_lammps.py prepare's folder")
+    parser.add_argument("--lammps", type=Path, required=True, help="tools/build_lammps_kokkos.sh")
+    parser.add_argument("--atoms", type=int, nargs="+", default=[1000])
+    parser.add_argument("--styles", nargs="+", choices=list(kl.STYLES), default=["kk"])
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per turn")
+    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--calls", type=int, default=20, help="bare model calls per turn")
+    parser.add_argument("--json", type=Path, help="where to write the results")
+    args = parser.parse_args()
+    folder, lammps = args.dir.resolve(), kl.Lammps(args.lammps.resolve())
+    rows = []
+    for atoms in args.atoms:
+        for style in args.styles:
+            row = measure(folder, lammps, atoms, style, args.steps, args.turns, args.calls)
+            rows.append(row)
+            if "error" in row:
+                print(f"{atoms:8d} atoms {style:12s} failed: {row['error']}", flush=True)
+            else:
+                print(
+                    f"{row['atoms']:8d} atoms {style:12s} step {row['ms_per_step']:7.2f} ms, model "
+                    f"{row['model_ms']:7.2f} ms, fixed cost {row['fixed_ms']:6.2f} ms/step, step / "
+                    f"model {row['step_over_model']:.2f} (median of {args.turns} turns)",
+                    flush=True,
+                )
+            if args.json:  # after each run: a run cut short keeps the ones before
+                args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
