@@ -98,8 +98,7 @@ def measure(
     row = {"atoms": len(system["positions"]), "style": style, "dtype": "float32"}
     if run.returncode != 0:
         return {**row, "error": kl.failure(run)[-300:]}
-    steps_ms = [1e3 * float(t) / int(n) for t, n in kl._LOOP.findall(run.output) if int(n)]
-    steps_ms = steps_ms[-turns:]  # the warm-up run first
+    steps_ms = kl.run_ms_per_step(run.output)[-turns:]  # the warm-up run first
     bare = [float(v) for v in out.read_text().split()]
     around = [(a + b) / 2 for a, b in itertools.pairwise(bare)]
     row |= {

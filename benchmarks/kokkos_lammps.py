@@ -97,6 +97,11 @@ MEMORY_STEPS = 3
 _LOOP = re.compile(r"^Loop time of (\S+) on \d+ procs for (\d+) steps", re.MULTILINE)
 
 
+def run_ms_per_step(output: str) -> list[float]:
+    """ms/step of each ``run`` of some steps in LAMMPS's output, in order."""
+    return [1e3 * float(t) / int(n) for t, n in _LOOP.findall(output) if int(n)]
+
+
 @dataclass(frozen=True)
 class Case:
     """One model on one structure: ``DIR/<name>.pt`` on ``DIR/<structure>.data``."""
@@ -724,9 +729,9 @@ def _bench_run(
     if run.returncode != 0:
         print(f"{style} {dtype} at {natoms} failed: {failure(run)}", flush=True)
         return {**row, "error": failure(run)[-300:]}
-    loops = [float(t) / int(n) for t, n in _LOOP.findall(run.output) if int(n)][-3:]
-    ms = 1e3 * statistics.median(loops)
-    row |= {"ms_per_step": ms, "repeats_ms": [1e3 * t for t in loops]}
+    loops = run_ms_per_step(run.output)[-3:]
+    ms = statistics.median(loops)
+    row |= {"ms_per_step": ms, "repeats_ms": loops}
     if kernels.exists():
         row["profile"] = json.loads(kernels.read_text())
     if phases.exists():
