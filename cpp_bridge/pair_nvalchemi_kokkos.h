@@ -1,9 +1,10 @@
 /* -*- c++ -*- ----------------------------------------------------------
    nvalchemi-lammps: pair_style nvalchemi/kk, the KOKKOS variant of
-   pair_style nvalchemi. Positions, types, atom IDs and the KOKKOS neighbor
-   list go to torch as DLPack views of LAMMPS's device arrays (no copy), the
-   model's forces are added into LAMMPS's device force array, and ghost
-   features move through KOKKOS's pair communication on device buffers.
+   pair_style nvalchemi. The pairs within the cutoff are taken from the KOKKOS
+   neighbor list by Kokkos kernels each step and go to torch with positions
+   and atom IDs as DLPack views (no copy), the model's forces are added into
+   LAMMPS's device force array, and ghost features move through KOKKOS's pair
+   communication on device buffers.
 ------------------------------------------------------------------------- */
 
 #ifdef PAIR_CLASS
@@ -36,6 +37,10 @@ template <class DeviceType> class PairNvalchemiKokkos : public PairNvalchemi, pu
   void coeff(int, char **) override;
   void init_style() override;
 
+  // this step's pairs within the cutoff into d_pair_i, d_pair_j, d_rij; their number
+  // (public: CUDA's extended lambdas need a public enclosing function)
+  int64_t build_pairs(int nreceivers, int ntotal);
+
   // ghost rows of a (nrows, width) float64 array in the execution space's memory take
   // their owners' rows (forward), or are summed into them and zeroed (reverse)
   void exchange_on_device(double *rows, int nrows, int width, bool forward);
@@ -52,6 +57,13 @@ template <class DeviceType> class PairNvalchemiKokkos : public PairNvalchemi, pu
 
  protected:
   DAT::tdual_int_1d k_map;    // LAMMPS type -> model element index, -1 for NULL
+  // this step's pairs within the cutoff (build_pairs), kept for the next steps' to reuse
+  typedef Kokkos::View<int64_t *, DeviceType> t_index;
+  typedef Kokkos::View<double *[3], Kokkos::LayoutRight, DeviceType> t_vectors;
+  t_index d_species;    // model element per atom row, -1 for NULL
+  t_index d_counts;     // per list row: its pairs, then the first of them
+  t_index d_pair_i, d_pair_j;
+  t_vectors d_rij;
   DAT::tdual_double_1d k_eatom;
   DAT::tdual_double_2d_lr k_vatom;
   // the rows being exchanged (exchange_width values per atom), in the execution space's

@@ -1,10 +1,12 @@
 """The Python side of ``pair_style nvalchemi/kk`` (``frontends/kokkos.py``) without LAMMPS:
-arrays laid out as KOKKOS hands them over (DLPack capsules; a padded full neighbor list
-with special-bond bits and candidates beyond the cutoff; a type map with NULL), one rank
-whose ghosts are periodic images, and collectives that fold ghosts as LAMMPS's
-communication does. Forces, per-atom energies and per-atom virials, added in place into
-the arrays, against the single-process reference, to 1e-10 relative. The same code runs on
-a GPU, where the capsules are CUDA's.
+arrays laid out as the pair style hands them over (DLPack capsules: positions, atom IDs,
+each atom's element, the pairs within the cutoff and their ``rij``, LAMMPS's force and
+per-atom arrays), one rank whose ghosts are periodic images, and collectives that fold
+ghosts as LAMMPS's communication does. Forces, per-atom energies and per-atom virials,
+added in place into the arrays, against the single-process reference, to 1e-10 relative.
+The same code runs on a GPU, where the capsules are CUDA's. The pair style's own kernels
+(the pairs from KOKKOS's neighbor list, NULL types left out) run in
+tests/test_lammps_kokkos_plugin.py, in a KOKKOS LAMMPS.
 """
 
 from __future__ import annotations
@@ -20,12 +22,9 @@ from lammps_helpers import assert_all_close
 from torch.utils.dlpack import to_dlpack
 
 from nvalchemi_lammps import MessagePassing, save_model
-from nvalchemi_lammps.frontends.kokkos import NEIGHMASK, KokkosStepRecord, check_device, compute
+from nvalchemi_lammps.frontends.kokkos import KokkosStepRecord, check_device, compute
 from nvalchemi_lammps.frontends.plugin import PluginSession
 from nvalchemi_lammps.reference import evaluate_reference
-
-SKIN = 1.0
-SPECIAL = 1 << 30  # a special-bond bit above NEIGHMASK
 
 
 class OneRank:
@@ -55,40 +54,23 @@ class OneRank:
 
 
 def _rank_arrays(system, cutoff: float):
-    """One rank's rows (owned, then periodic images) and its KOKKOS-like full list: every
-    row within cutoff + skin of an owned atom, padded rows, special bits on some entries."""
+    """One rank's rows (owned, then periodic images), its pairs within ``cutoff`` and the
+    rows' positions."""
     (graph,) = decompose(system, cutoff, 1)
     positions = np.zeros((graph.ntotal, 3))
     positions[: graph.nlocal] = system.positions[graph.owner[: graph.nlocal]]
     positions[graph.pair_j] = positions[graph.pair_i] + graph.rij
-    distance = np.linalg.norm(positions[None, :, :] - positions[: graph.nlocal, None, :], axis=2)
-    lists = [
-        [j for j in range(graph.ntotal) if j != i and distance[i, j] < cutoff + SKIN]
-        for i in range(graph.nlocal)
-    ]
-    assert sum(len(js) for js in lists) > len(graph.pair_i), "no candidate beyond the cutoff"
-    maxneighs = max(len(js) for js in lists) + 3
-    neighbors = np.full((graph.ntotal, maxneighs), 123456, dtype=np.int32)  # padding: junk
-    numneigh = np.zeros(graph.ntotal, dtype=np.int32)
-    for i, js in enumerate(lists):
-        entries = np.array(js, dtype=np.int64)
-        entries[::5] |= SPECIAL
-        neighbors[i, : len(js)] = entries
-        numneigh[i] = len(js)
-    return graph, positions, neighbors, numneigh
+    return graph, positions
 
 
-def _step(graph, positions, neighbors, numneigh, species, collectives, cell, rebuilt=True):
-    types = torch.from_numpy(species[graph.owner].astype(np.int32) + 1)
+def _step(graph, positions, collectives, cell):
     arrays = {
         "positions": torch.from_numpy(positions.copy()),
-        "types": types,
         "tags": torch.from_numpy(graph.owner.astype(np.int32) + 1),
-        # type 3 maps to NULL: no atom has it
-        "type_map": torch.tensor([-1, 0, 1, -1], dtype=torch.int32),
-        "ilist": torch.arange(graph.nlocal, dtype=torch.int32),
-        "numneigh": torch.from_numpy(numneigh),
-        "neighbors": torch.from_numpy(neighbors),
+        "species": torch.from_numpy(graph.species.astype(np.int64)),
+        "pair_i": torch.from_numpy(graph.pair_i.astype(np.int64)),
+        "pair_j": torch.from_numpy(graph.pair_j.astype(np.int64)),
+        "rij": torch.from_numpy(graph.rij.copy()),
         "forces": torch.zeros((graph.ntotal, 3), dtype=torch.float64),
         "atom_energies": torch.zeros(graph.nlocal, dtype=torch.float64),
         "atom_virials": torch.zeros((graph.ntotal, 6), dtype=torch.float64),
@@ -96,14 +78,12 @@ def _step(graph, positions, neighbors, numneigh, species, collectives, cell, reb
     record = KokkosStepRecord(
         nlocal=graph.nlocal,
         ntotal=graph.ntotal,
-        nreceivers=graph.nlocal,
         **{name: to_dlpack(t) for name, t in arrays.items()},
         pair_virial=True,
         charges=None,
         cell=tuple(float(v) for v in cell.reshape(-1)),
         periodic=(True, True, True),
         collectives=collectives,
-        rebuilt=rebuilt,
     )
     return record, arrays
 
@@ -125,11 +105,9 @@ def test_one_rank_equals_reference(case, tmp_path):
     potential = make_potential(system)
     session = PluginSession(str(save_model(potential, tmp_path / "model.pt")), 1)
     session.set_strategy(strategy)
-    graph, positions, neighbors, numneigh = _rank_arrays(system, potential.spec.cutoff)
+    graph, positions = _rank_arrays(system, potential.spec.cutoff)
     collectives = OneRank(graph.owner, graph.nlocal)
-    record, arrays = _step(
-        graph, positions, neighbors, numneigh, system.species, collectives, system.cell
-    )
+    record, arrays = _step(graph, positions, collectives, system.cell)
 
     result = compute(session, record)
 
@@ -156,46 +134,6 @@ def test_one_rank_equals_reference(case, tmp_path):
     assert ("reverse" in collectives.calls) == exchanged
 
 
-def test_null_types_and_special_bits_are_dropped(tmp_path):
-    """Pairs of a type mapped to NULL are not the model's; special-bond bits are masked."""
-    system = fcc_argon_222()
-    potential = lennard_jones(system, cutoff=6.0)
-    session = PluginSession(str(save_model(potential, tmp_path / "model.pt")), 1)
-    graph, positions, neighbors, numneigh = _rank_arrays(system, 6.0)
-    species = system.species.copy()
-    species[0] = 2  # LAMMPS type 3: NULL
-    record, arrays = _step(graph, positions, neighbors, numneigh, species, None, system.cell)
-    compute(session, record)
-    null_rows = np.flatnonzero(graph.owner == 0)
-    assert np.all(arrays["forces"].numpy()[null_rows] == 0.0)
-    assert arrays["atom_energies"][0] == 0.0
-    assert np.all(arrays["forces"].numpy()[1 : graph.nlocal] != 0.0)
-    assert NEIGHMASK & SPECIAL == 0
-
-
-def test_list_and_types_are_read_again_only_after_a_list_build(tmp_path):
-    """Between list builds the session keeps the candidate pairs and species on the device
-    and reads only positions: a step that is not ``rebuilt`` ignores what the list and the
-    types hold, and a ``rebuilt`` one reads them again."""
-    system = fcc_argon_222()
-    session = PluginSession(str(save_model(lennard_jones(system, 6.0), tmp_path / "m.pt")), 1)
-    graph, positions, neighbors, numneigh = _rank_arrays(system, 6.0)
-
-    def forces(neighbors, numneigh, species, rebuilt):
-        record, arrays = _step(
-            graph, positions, neighbors, numneigh, species, None, system.cell, rebuilt
-        )
-        compute(session, record)
-        return arrays["forces"].numpy()
-
-    first = forces(neighbors, numneigh, system.species, rebuilt=True)
-    assert np.any(first != 0.0)
-    no_list, all_null = np.zeros_like(numneigh), np.full_like(system.species, 2)  # type 3: NULL
-    np.testing.assert_array_equal(forces(neighbors, no_list, all_null, rebuilt=False), first)
-    assert not forces(neighbors, no_list, system.species, rebuilt=True).any()
-    assert not forces(neighbors, numneigh, all_null, rebuilt=True).any()
-
-
 def test_a_model_elsewhere_than_the_kokkos_arrays_is_refused():
     """An explicit device keyword that is not where KOKKOS keeps the arrays stops the step
     with the way out (checked on device objects: no GPU needed)."""
@@ -212,8 +150,8 @@ def test_model_on_another_device_than_the_arrays_is_an_error(tmp_path):
     system = fcc_argon_222()
     session = PluginSession(str(save_model(lennard_jones(system, 6.0), tmp_path / "m.pt")), 1)
     session.device = torch.device("cuda", 0)  # where `device cuda` would have put it
-    graph, positions, neighbors, numneigh = _rank_arrays(system, 6.0)
-    record, arrays = _step(graph, positions, neighbors, numneigh, system.species, None, system.cell)
+    graph, positions = _rank_arrays(system, 6.0)
+    record, arrays = _step(graph, positions, None, system.cell)
     message = "LAMMPS's KOKKOS arrays are on cpu but the model is on cuda:0: leave out the "
     with pytest.raises(ValueError, match=re.escape(message) + ".* give device cpu"):
         compute(session, record)

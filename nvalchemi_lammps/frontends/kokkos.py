@@ -3,13 +3,13 @@
 The KOKKOS variant of the plugin's pair style loads its model through the same
 :class:`~nvalchemi_lammps.frontends.plugin.PluginSession` (keywords, strategy, checks), and
 each step calls :func:`compute` with one :class:`KokkosStepRecord`: DLPack capsules over
-LAMMPS's arrays in the KOKKOS execution space's memory (host memory for Kokkos's Serial or
-OpenMP spaces, GPU memory for CUDA), wrapped by ``torch.from_dlpack`` without a copy. The
-pairs come from KOKKOS's full neighbor list (its candidates, cutoff plus skin, kept on the
-device from one list build to the next), filtered to the cutoff here in torch each step; the
-forces (and per-atom energies and virials, when LAMMPS asks) are added into LAMMPS's own
-arrays in place. Nothing per atom or per pair goes through the host, except what LAMMPS's
-own host path for pair communication stages (docs/kokkos.md).
+arrays in the KOKKOS execution space's memory (host memory for Kokkos's Serial or OpenMP
+spaces, GPU memory for CUDA), wrapped by ``torch.from_dlpack`` without a copy. The pair
+style's Kokkos kernels take the pairs within the cutoff from KOKKOS's full neighbor list
+(cutoff plus skin) each step, with their ``rij`` and each atom's element; the forces (and
+per-atom energies and virials, when LAMMPS asks) are added into LAMMPS's own arrays in
+place. Nothing per atom or per pair goes through the host, except what LAMMPS's own host
+path for pair communication stages (docs/kokkos.md).
 
 The views are LAMMPS's memory: valid during the call only, never kept.
 
@@ -24,7 +24,6 @@ returning.
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,20 +32,15 @@ import torch
 from ..contract import AdjointComm, LocalGraph
 from ..engine import Evaluation, evaluate
 from ._streams import fence
-from .plugin import PluginSession, _within_cutoff
+from .plugin import PluginSession
 
 __all__ = [
-    "NEIGHMASK",
     "KokkosComm",
     "KokkosStepRecord",
     "KokkosStepResult",
     "check_device",
     "compute",
 ]
-
-#: LAMMPS's mask of the atom index in a neighbor-list entry (``NEIGHMASK``, src/lmptype.h);
-#: the bits above it mark special bonds
-NEIGHMASK = 0x1FFFFFFF
 
 #: atom IDs named in a message about non-finite results
 _SHOWN = 8
@@ -59,15 +53,13 @@ class KokkosStepRecord:
 
     :param nlocal: owned atoms
     :param ntotal: owned and ghost atoms
-    :param nreceivers: rows of ``ilist`` whose neighbors make pairs (owned atoms; with the
-        widened-shell strategy also ghosts)
     :param positions: ``(ntotal, 3)`` positions
-    :param types: ``(ntotal,)`` LAMMPS atom types
     :param tags: ``(ntotal,)`` atom IDs (for messages)
-    :param type_map: ``(ntypes + 1,)`` model element index per LAMMPS type, -1 for NULL
-    :param ilist: ``(nreceivers,)`` the atom row of each list entry
-    :param numneigh: neighbors per atom row
-    :param neighbors: ``(rows, maxneighs)`` neighbor rows per atom row (with special bits)
+    :param species: ``(ntotal,)`` int64 model element of each atom, -1 for ``NULL`` types
+    :param pair_i: ``(npairs,)`` int64 receiver row of each pair within the cutoff (owned
+        atoms; with the widened-shell strategy also ghosts)
+    :param pair_j: ``(npairs,)`` int64 neighbor row of each pair
+    :param rij: ``(npairs, 3)`` float64 ``x_j - x_i``
     :param forces: ``(ntotal, 3)`` LAMMPS's forces, added to in place
     :param atom_energies: ``(nlocal,)``, added to in place (per-atom energies wanted)
     :param atom_virials: ``(ntotal, 6)``, added to in place (per-atom virials wanted)
@@ -76,21 +68,16 @@ class KokkosStepRecord:
     :param cell: lattice vectors as rows, 9 values
     :param periodic: periodicity of each lattice direction
     :param collectives: the step's KOKKOS collectives (valid during the call only)
-    :param rebuilt: LAMMPS rebuilt its neighbor list since the last step (atoms may have
-        moved between ranks or been reordered); else the types, the atom order and the list
-        are the last step's
     """
 
     nlocal: int
     ntotal: int
-    nreceivers: int
     positions: Any
-    types: Any
     tags: Any
-    type_map: Any
-    ilist: Any
-    numneigh: Any
-    neighbors: Any
+    species: Any
+    pair_i: Any
+    pair_j: Any
+    rij: Any
     forces: Any
     atom_energies: Any
     atom_virials: Any
@@ -99,7 +86,6 @@ class KokkosStepRecord:
     cell: tuple[float, ...]
     periodic: tuple[bool, bool, bool]
     collectives: Any
-    rebuilt: bool = True
 
 
 @dataclass(frozen=True)
@@ -176,79 +162,6 @@ class KokkosComm(AdjointComm):
         return values.to(device=x.device, dtype=x.dtype).reshape(x.shape)
 
 
-@dataclass(frozen=True)
-class _Topology:
-    """What changes only when LAMMPS rebuilds its neighbor list: the model's element of
-    every row and the list's candidate pairs (within cutoff plus skin) between mapped atoms,
-    as a Verlet list (each receiver's row and count, the rows as int32 when they fit): 4
-    bytes per candidate kept on the device, less than KOKKOS's own list (4 bytes a slot,
-    every row padded to the longest)."""
-
-    ntotal: int
-    nreceivers: int
-    species: torch.Tensor
-    receivers: torch.Tensor
-    counts: torch.Tensor
-    pair_j: torch.Tensor
-
-    def pair_i(self) -> torch.Tensor:
-        """Each candidate's receiver row (made each step: no synchronization)."""
-        return torch.repeat_interleave(
-            self.receivers, self.counts, output_size=self.pair_j.shape[0]
-        )
-
-
-#: each session's topology, until the next list build
-_TOPOLOGIES: weakref.WeakKeyDictionary[PluginSession, _Topology] = weakref.WeakKeyDictionary()
-
-
-def _topology(session: PluginSession, step: KokkosStepRecord) -> _Topology:
-    """The session's topology, read again from the step's arrays after a list build."""
-    kept = _TOPOLOGIES.get(session)
-    if (
-        kept is not None
-        and not step.rebuilt
-        and (kept.ntotal, kept.nreceivers) == (step.ntotal, step.nreceivers)
-    ):
-        return kept
-    _TOPOLOGIES.pop(session, None)  # its candidates are freed before the new ones are made
-    type_map = _view(step.type_map).long()
-    species = type_map.index_select(0, _view(step.types)[: step.ntotal].long())
-    receivers, counts, pair_j = _candidates(step, species)
-    index = torch.int32 if step.ntotal < 2**31 else torch.int64
-    topology = _Topology(
-        step.ntotal, step.nreceivers, species, receivers.to(index), counts, pair_j.to(index)
-    )
-    _TOPOLOGIES[session] = topology
-    return topology
-
-
-def _candidates(
-    step: KokkosStepRecord, species: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The KOKKOS full list between mapped atoms (``NULL`` types of pair_style hybrid are
-    not) in its order, as the receivers' rows (``ilist`` order), the count of each one's
-    neighbors and their rows (list order, special-bond bits masked)."""
-    ilist, numneigh, neighbors = (_view(a) for a in (step.ilist, step.numneigh, step.neighbors))
-    rows = ilist[: step.nreceivers].long()
-    device = species.device
-    if rows.numel() == 0 or neighbors.shape[1] == 0:
-        empty = torch.empty(0, dtype=torch.int64, device=device)
-        return empty, empty, empty
-    listed = neighbors.index_select(0, rows)  # (receivers, maxneighs), int32, contiguous
-    width = listed.shape[1]
-    filled = torch.arange(width, device=device)[None, :] < numneigh.long()[rows][:, None]
-    entries = filled.view(-1).nonzero()[:, 0]
-    receiver = entries // width
-    pair_j = (listed.view(-1).index_select(0, entries) & NEIGHMASK).long()
-    mapped = (species.index_select(0, rows.index_select(0, receiver)) >= 0) & (
-        species.index_select(0, pair_j) >= 0
-    )
-    keep = mapped.nonzero()[:, 0]
-    counts = torch.bincount(receiver[keep], minlength=rows.shape[0])
-    return rows, counts, pair_j[keep]
-
-
 def compute(session: PluginSession, step: KokkosStepRecord) -> KokkosStepResult:
     """One step on one rank: LAMMPS's arrays in, forces (energies, virials) added in place."""
     nlocal, ntotal = step.nlocal, step.ntotal
@@ -256,9 +169,9 @@ def compute(session: PluginSession, step: KokkosStepRecord) -> KokkosStepResult:
     check_device(x.device, session.device)
     fence(x.device)  # torch reads what LAMMPS's kernels wrote
     x = x[:ntotal].to(torch.float64)
-    topology = _topology(session, step)
-    species = topology.species
-    pair_i, pair_j, rij = _within_cutoff(x, topology.pair_i(), topology.pair_j, session.cutoff)
+    species, pair_i, pair_j, rij = (
+        _view(a) for a in (step.species, step.pair_i, step.pair_j, step.rij)
+    )
     inputs: dict[str, Any] = {}
     if session.needs_positions:
         charges = _view(step.charges)
