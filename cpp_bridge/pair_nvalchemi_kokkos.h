@@ -57,7 +57,7 @@ template <class DeviceType> class PairNvalchemiKokkos : public PairNvalchemi, pu
 
  protected:
   DAT::tdual_int_1d k_map;    // LAMMPS type -> model element index, -1 for NULL
-  // this step's pairs within the cutoff (build_pairs), kept for the next steps' to reuse
+  // this step's pairs within the cutoff (build_pairs), kept for the next steps to reuse
   typedef Kokkos::View<int64_t *, DeviceType> t_index;
   typedef Kokkos::View<double *[3], Kokkos::LayoutRight, DeviceType> t_vectors;
   t_index d_species;    // model element per atom row, -1 for NULL
