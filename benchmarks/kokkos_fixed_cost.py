@@ -31,18 +31,18 @@ sys.path[:0] = [str(HERE)]
 import kokkos_lammps as kl
 from bench_strategies import LATTICE, crystal
 
-#: the bare models this process timed, by (model file, atoms, compiled): kept between the
+#: the bare models this process timed, by (model file, atoms, compile mode): kept between the
 #: ``python source`` commands of one LAMMPS run
 _MODELS: dict[tuple[str, int, bool], kl.BareModel] = {}
 
 
-def time_bare(model_file: str, atoms: int, calls: int, compiled: bool, out: str) -> None:
+def time_bare(model_file: str, atoms: int, calls: int, mode: str, out: str) -> None:
     """Called by LAMMPS's embedded Python between runs: append the bare model's median ms of
     ``calls`` calls to ``out`` (the first call builds and warms it up, untimed)."""
-    key = (model_file, atoms, compiled)
+    key = (model_file, atoms, mode)
     if key not in _MODELS:
         _, system = crystal(atoms, LATTICE["mace"], Path(out).with_suffix(".data"))
-        _MODELS[key] = kl.BareModel(Path(model_file), system, "cuda", compiled)
+        _MODELS[key] = kl.BareModel(Path(model_file), system, "cuda", mode)
         _MODELS[key].samples(2)
     with open(out, "a") as stream:
         stream.write(f"{statistics.median(_MODELS[key].samples(calls))}\n")
@@ -56,13 +56,13 @@ def script(
     steps: int,
     turns: int,
     calls: int,
-    compiled: bool,
+    mode: str,
     out: Path,
 ) -> str:
     """The style's MD with the bare model timed before the first timed run and after each."""
     call = (
         f"import sys; sys.path.insert(0, '{HERE}'); import kokkos_fixed_cost as f; "
-        f"f.time_bare('{model_file}', {atoms}, {calls}, {compiled}, '{out}')"
+        f"f.time_bare('{model_file}', {atoms}, {calls}, '{mode}', '{out}')"
     )
     bare = f'python source here "{call}"\n'
     text = kl.md_script(data, pair_style, "Ar Kr", "") + "thermo 0\nrun 5\n" + bare
@@ -81,7 +81,6 @@ def measure(
     out = workdir / "bare_ms.txt"
     workdir.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
-    compiled = style.endswith(kl.COMPILED)
     text = script(
         data,
         door.pair_style(model_file, "cuda", extra),
@@ -90,7 +89,7 @@ def measure(
         steps,
         turns,
         calls,
-        compiled,
+        mode,
         out,
     )
     run = lammps.run(text, 1, 1, workdir, door.kokkos, env)

@@ -29,7 +29,8 @@ the random MACE of docs/performance.md side by side, per size and precision: the
 model's forward and backward on the whole periodic system in this process (the reference
 evaluator's pairs), then LAMMPS steps through each ``--styles``: ``kk`` (``nvalchemi/kk``),
 ``mliap`` (this project's model file through ML-IAP; ``kk-compile``, ``mliap-compile``: the
-same compiled, by ``compile default`` and ``NVALCHEMI_LAMMPS_COMPILE=default``),
+same compiled, by ``compile default`` and ``NVALCHEMI_LAMMPS_COMPILE=default``;
+``kk-cudagraphs``: ``compile reduce-overhead``, replayed as CUDA graphs),
 ``mace-torch`` (mace-torch's own ML-IAP class ``LAMMPS_MLIAP_MACE``, same weights) and
 ``host`` (``pair_style nvalchemi device cuda`` in the same LAMMPS without KOKKOS: atoms on
 the host), with the largest GPU
@@ -471,15 +472,19 @@ def nve(
 STYLES = {
     "kk": (Door("kk"), "nvalchemi", "no"),
     "kk-compile": (Door("kk"), "nvalchemi", "default"),
+    "kk-cudagraphs": (Door("kk"), "nvalchemi", "reduce-overhead"),
     "mliap": (Door("mliap"), "nvalchemi", "no"),
     "mliap-compile": (Door("mliap"), "nvalchemi", "default"),
     "mace-torch": (Door("mliap"), "mace-torch", "no"),
     "host": (Door("host"), "nvalchemi", "no"),
     "host-compile": (Door("host"), "nvalchemi", "default"),
 }
-#: the styles' suffix for the compiled model: their step / model is against the bare model
-#: compiled the same way
-COMPILED = "-compile"
+
+
+def model_key(mode: str) -> str:
+    """The bare model's ms/step in ``mode`` (a style's step / model is against the bare
+    model compiled the same way), a key of bench's model rows."""
+    return "ms_per_step" if mode == "no" else f"{mode}_ms_per_step"
 
 
 def bench_script(
@@ -521,10 +526,11 @@ class GpuMemory:
 
 class BareModel:
     """The model's forward and backward on the whole periodic system (the reference
-    evaluator's pairs, no LAMMPS), ready to time in whichever process holds it; ``compiled``:
-    under ``torch.compile`` (mode default, padded graphs) as the ``-compile`` styles run it."""
+    evaluator's pairs, no LAMMPS), ready to time in whichever process holds it; ``mode``:
+    the ``torch.compile`` mode (padded graphs) as the styles of :data:`STYLES` in that mode
+    run it, "no": eager."""
 
-    def __init__(self, model_file: Path, system: dict, device: str, compiled: bool = False):
+    def __init__(self, model_file: Path, system: dict, device: str, mode: str = "no"):
         import torch
 
         from nvalchemi_lammps import load_model
@@ -532,8 +538,8 @@ class BareModel:
         from nvalchemi_lammps.reference import neighbor_pairs
 
         self.potential = load_model(model_file).to(device)
-        if compiled:
-            self.potential = compile_potential(self.potential)
+        if mode != "no":
+            self.potential = compile_potential(self.potential, mode)
         self.synchronize = torch.cuda.synchronize if device == "cuda" else lambda: None
         if device == "cpu":
             torch.set_num_threads(1)  # as a LAMMPS rank without OMP_NUM_THREADS
@@ -568,15 +574,15 @@ def bare_model(
     device: str,
     calls: int,
     profile: bool = False,
-    compiled: bool = False,
+    mode: str = "no",
 ) -> dict:
     """The bare model (:class:`BareModel`) in this process: median ms of ``calls`` after one
-    warm-up (compiling, when ``compiled``), and the peak memory torch allocated (inputs
-    included); with ``profile`` the kernels of :data:`PROFILED` more calls
-    (step_profile.py)."""
+    warm-up (compiling, in a ``torch.compile`` ``mode`` other than "no"), and the peak
+    memory torch allocated (inputs included); with ``profile`` the kernels of
+    :data:`PROFILED` more calls (step_profile.py)."""
     import torch
 
-    model = BareModel(model_file, system, device, compiled)
+    model = BareModel(model_file, system, device, mode)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     try:
@@ -613,6 +619,7 @@ def bench(
     profile: bool = False,
     model_calls: int = 10,
     memory: bool = False,
+    phases: bool = False,
 ) -> list[dict]:
     """ms/step of the random MACE through each style, side by side per size and precision,
     with the bare model's time on one GPU; forces of every style by atom ID against the
@@ -620,8 +627,8 @@ def bench(
     style run again per round, every other round in reverse order, and each style's step /
     model is the median of its rounds' ratios to the bare model of the same round: small
     models are launch-bound, and the host's speed moves every time between minutes. With
-    ``profile`` each run's kernels per step are set against the bare model's; with
-    ``model_calls`` 0 no bare model runs (the largest systems: this process holds no GPU
+    ``profile`` each run's kernels per step are set against the bare model's, with
+    ``phases`` its host time is split into phases (step_profile.py); with ``model_calls`` 0 no bare model runs (the largest systems: this process holds no GPU
     memory while LAMMPS runs)."""
     from bench_strategies import LATTICE, crystal
 
@@ -639,9 +646,9 @@ def bench(
                 model = {**base, "round": k, "style": "model"}
                 if model_calls:
                     model |= bare_model(ours, system, device, model_calls, profile)
-                    if any(style.endswith(COMPILED) for style in styles):
-                        compiled = bare_model(ours, system, device, model_calls, compiled=True)
-                        model["compiled_ms_per_step"] = compiled.get("ms_per_step")
+                    for mode in sorted({STYLES[style][2] for style in styles} - {"no"}):
+                        compiled = bare_model(ours, system, device, model_calls, mode=mode)
+                        model[model_key(mode)] = compiled.get("ms_per_step")
                 rows.append(model)
                 shown = {key: v for key, v in model.items() if key != "profile"}
                 print(f"{natoms:8d} atoms {dtype} {kernels} bare model: {shown}", flush=True)
@@ -650,7 +657,18 @@ def bench(
                 forces: dict[str, dict] = {}
                 for style in order:
                     row = _bench_run(
-                        data, lammps, path, style, model, ours, gpus, steps, dump, profile, memory
+                        data,
+                        lammps,
+                        path,
+                        style,
+                        model,
+                        ours,
+                        gpus,
+                        steps,
+                        dump,
+                        profile,
+                        memory,
+                        phases,
                     )
                     rows.append(row)
                     timed.append(row)
@@ -692,10 +710,12 @@ def _bench_run(
     dump: bool,
     profile: bool = False,
     memory: bool = False,
+    phases: bool = False,
 ) -> dict:
     """One LAMMPS run of ``style``: median ms/step of 3 runs of ``steps`` steps after 5;
     with ``profile`` the kernels of :data:`PROFILED` of its steps, with ``memory`` the GPU
-    memory of ``nvalchemi/kk``'s first steps phase by phase (step_profile.py)."""
+    memory of ``nvalchemi/kk``'s first steps phase by phase, with ``phases`` the host time
+    of :data:`PROFILED` steps phase by phase (step_profile.py)."""
     door, whose, mode = STYLES[style]
     extra, style_env = door.compiled(mode)
     kernels, dtype, natoms = model["kernels"], model["dtype"], model["atoms"]
@@ -707,18 +727,19 @@ def _bench_run(
     pair_style = door.pair_style(model_file, "cuda" if gpus else "cpu", extra)
     workdir = data / "runs" / "bench" / f"{natoms}_{style}_{dtype}_{kernels}_{ranks}"
     script = bench_script(path, pair_style, processors, 5, steps, 3, dump)
-    env, kernels, phases = (
-        dict(style_env),
-        workdir / "profile.json",
-        workdir / "memory.json",
+    env = dict(style_env)
+    kernels, memory_file, phases_file = (
+        workdir / f"{name}.json" for name in ("profile", "memory", "phases")
     )
-    for stale in (kernels, phases):
+    for stale in (kernels, memory_file, phases_file):
         stale.unlink(missing_ok=True)
     if profile:
         env[step_profile.ENV] = f"{kernels}:{FIRST_PROFILED}:{PROFILED}"
     if memory:
-        env[step_profile.MEMORY_ENV] = f"{phases}:{MEMORY_STEPS}"
-    if profile or memory:
+        env[step_profile.MEMORY_ENV] = f"{memory_file}:{MEMORY_STEPS}"
+    if phases:
+        env[step_profile.PHASES_ENV] = f"{phases_file}:{FIRST_PROFILED}:{PROFILED}"
+    if profile or memory or phases:
         here = Path(__file__).resolve().parent
         env["PYTHONPATH"] = f"{here / 'profile_site'}:{here}:{lammps.env['PYTHONPATH']}"
     with GpuMemory() as gpu:
@@ -734,8 +755,11 @@ def _bench_run(
     row |= {"ms_per_step": ms, "repeats_ms": loops}
     if kernels.exists():
         row["profile"] = json.loads(kernels.read_text())
-    if phases.exists():
-        row["memory"] = json.loads(phases.read_text())
+    if phases_file.exists():
+        row["phases"] = json.loads(phases_file.read_text())
+        print(f"  phases (ms, synchronized): {row['phases']}", flush=True)
+    if memory_file.exists():
+        row["memory"] = json.loads(memory_file.read_text())
         for m in row["memory"]:
             print(
                 f"  step {m['step']} {m['mark']:18s} allocated {m['allocated_gib']:7.2f} GiB, "
@@ -743,7 +767,7 @@ def _bench_run(
                 f"{m['reserved_gib']:7.2f}",
                 flush=True,
             )
-    reference = model.get("compiled_ms_per_step" if style.endswith(COMPILED) else "ms_per_step")
+    reference = model.get(model_key(mode))
     if reference:
         row["step_over_model"] = ms / reference
     return row
@@ -812,6 +836,9 @@ def main() -> int:
     parser.add_argument(
         "--memory", action="store_true", help="bench: nvalchemi/kk's GPU memory phase by phase"
     )
+    parser.add_argument(
+        "--phases", action="store_true", help="bench: each step's host time phase by phase"
+    )
     parser.add_argument("--json", type=Path, help="where to write the results")
     parser.add_argument("--package", default="", help="more -pk kokkos keywords")
     args = parser.parse_args()
@@ -849,6 +876,7 @@ def main() -> int:
             args.profile,
             args.model_calls,
             args.memory,
+            args.phases,
         )
         ok = True
     if args.json:

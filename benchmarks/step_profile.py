@@ -1,5 +1,6 @@
 """Where a step's GPU time goes: the CUDA kernels (and copies) of a few LAMMPS steps, by
-name, next to the bare model's in one process (``kokkos_lammps.py bench --profile``).
+name, next to the bare model's in one process (``kokkos_lammps.py bench --profile``); where
+its host time goes, phase by phase (``bench --phases``, :class:`_Phases`).
 
 Inside LAMMPS, :func:`install` (run by ``profile_site/sitecustomize.py`` when
 :data:`ENV` is set) wraps the doors' per-step entry points: ``nvalchemi/kk``'s
@@ -23,6 +24,8 @@ from typing import Any
 ENV = "NVALCHEMI_PROFILE"
 #: ``PATH:CALLS``: GPU memory of ``nvalchemi/kk``'s first CALLS steps, phase by phase
 MEMORY_ENV = "NVALCHEMI_MEMORY"
+#: ``PATH:FIRST:COUNT``: host time of each step's phases, synchronized (:class:`_Phases`)
+PHASES_ENV = "NVALCHEMI_PHASES"
 #: characters of a kernel's name kept (C++ template names run to kilobytes)
 NAME = 96
 
@@ -194,6 +197,67 @@ class _Memory:
         setattr(owner, name, wrapped)
 
 
+class _Phases:
+    """Where a step's time goes, calls ``first`` to ``first + count`` of a door: the time
+    between the door's calls (LAMMPS and the C++ side of the door: integration,
+    communication, the pairs), the call, and the model in it (``evaluate``), each ended
+    by a CUDA synchronization, so each phase is its own, not the GPU's backlog. Medians in
+    ms go to ``path`` as JSON."""
+
+    def __init__(self, path: Path, first: int, count: int) -> None:
+        self.path, self.first, self.count = path, first, count
+        self.calls, self.returned = 0, None
+        self.times: dict[str, list[float]] = {"between": [], "call": [], "model": []}
+
+    def _now(self) -> float:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _counted(self) -> bool:
+        return self.first <= self.calls < self.first + self.count
+
+    def wrap_call(self, owner: Any, name: str) -> None:
+        inner = getattr(owner, name)
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            start = self._now()
+            if self._counted() and self.returned is not None:
+                self.times["between"].append(1e3 * (start - self.returned))
+            result = inner(*args, **kwargs)
+            self.returned = self._now()
+            if self._counted():
+                self.times["call"].append(1e3 * (self.returned - start))
+            if self.calls == self.first + self.count - 1:
+                self.write()
+            return result
+
+        setattr(owner, name, wrapped)
+
+    def wrap_model(self, owner: Any, name: str) -> None:
+        inner = getattr(owner, name)
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            start = self._now()
+            result = inner(*args, **kwargs)
+            if self._counted():
+                self.times["model"].append(1e3 * (self._now() - start))
+            return result
+
+        setattr(owner, name, wrapped)
+
+    def write(self) -> None:
+        import statistics
+
+        row = {f"{k}_ms": statistics.median(v) for k, v in self.times.items() if v}
+        if "call_ms" in row and "model_ms" in row:
+            row["call_outside_model_ms"] = row["call_ms"] - row["model_ms"]
+        self.path.write_text(json.dumps({"calls": self.count, **row}, indent=1))
+
+
 def install() -> None:
     """Wrap every door's per-step entry on rank 0 when :data:`ENV` is set, ``nvalchemi/kk``'s
     phases when :data:`MEMORY_ENV` is."""
@@ -207,6 +271,16 @@ def install() -> None:
         memory = _Memory(Path(path), int(calls))
         memory.wrap(kokkos, "evaluate", None, "model")
         memory.wrap(kokkos, "compute", "entry", "forces added")
+    if os.environ.get(PHASES_ENV):
+        from nvalchemi_lammps.frontends import kokkos, mliap, plugin
+
+        path, first, count = os.environ[PHASES_ENV].rsplit(":", 2)
+        phases = _Phases(Path(path), int(first), int(count))
+        for door in (kokkos, mliap, plugin):
+            phases.wrap_model(door, "evaluate")
+        phases.wrap_call(kokkos, "compute")
+        phases.wrap_call(plugin.PluginSession, "compute")
+        phases.wrap_call(mliap.MLIAPModel, "compute_forces")
     spec = os.environ.get(ENV)
     if not spec:
         return

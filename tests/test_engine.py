@@ -224,6 +224,51 @@ def test_input_tensors_are_not_modified():
     assert np.array_equal(rij.numpy(), g.rij) and not rij.requires_grad
 
 
+class SeesExecutor(Potential):
+    """Records whether TorchScript's optimizing executor is on when it runs, forward and
+    backward (through a scripted function, as e3nn's modules inside MACE are)."""
+
+    name = "test_sees_executor"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spec = ModelSpec(elements=("Ar",), cutoff=3.0, units="metal")
+        self.square = torch.jit.script(_square)
+        self.seen: list[bool] = []
+
+    def forward(self, graph: LocalGraph) -> torch.Tensor:
+        self.seen.append(torch._C._get_graph_executor_optimize())
+        energy = _Seen.apply(self.square(graph.rij).sum(dim=1), self.seen)
+        return torch.zeros(graph.ntotal, dtype=energy.dtype).index_add(0, graph.pair_i, energy)
+
+
+def _square(x: torch.Tensor) -> torch.Tensor:
+    return x * x
+
+
+class _Seen(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, seen):
+        ctx.seen = seen
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.seen.append(torch._C._get_graph_executor_optimize())
+        return grad, None
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_scripted_code_runs_unoptimized_and_the_setting_is_restored():
+    """A rank's pair count changes every step: TorchScript's executor would specialize and
+    profile scripted code again and again (docs/performance.md, round 12)."""
+    potential = SeesExecutor()
+    result = evaluate(potential, LocalGraph(*_pair_graph([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]])))
+    assert potential.seen == [False, False]  # forward, backward
+    assert torch._C._get_graph_executor_optimize()
+    assert torch.equal(result.pair_forces, torch.tensor([[2.0, 0, 0], [-2.0, 0, 0]]).double())
+
+
 # --- errors ---------------------------------------------------------------------------------
 
 

@@ -181,22 +181,28 @@ def evaluate(
             raise ValueError(
                 f"potential '{potential.name}' declares symmetric pair terms but gave none"
             )
-    energies = potential(graph)
-    if energies.shape != (graph.ntotal,):
-        raise ValueError(
-            f"potential '{potential.name}' returned energies of shape {tuple(energies.shape)}, "
-            f"wanted ({graph.ntotal},)"
-        )
-    owned = energies[:nlocal]
-    total = owned.sum()
-    grads = [None] * len(leaves)
-    if total.requires_grad:  # energies that do not depend on any input have no graph
-        # on the calling thread, not torch's per-GPU autograd thread: a potential's
-        # exchanges call MPI in the backward (LAMMPS's MPI is not initialized for threads),
-        # and a graph released by that thread after LAMMPS has finalized its embedded Python
-        # aborts the process at exit (seen on the H200 with KOKKOS ML-IAP at 2 ranks)
-        with torch.autograd.set_multithreading_enabled(False):
-            grads = list(torch.autograd.grad(total, leaves, allow_unused=True))
+    # TorchScript's optimizing executor (e3nn's scripted modules inside MACE) profiles and
+    # specializes a scripted graph for each new input shape, up to a limit, and a rank's
+    # pair count changes every step: the first steps of a run cost 3x the later ones on an
+    # H200 (docs/performance.md, round 12), later ones the same either way. Unoptimized,
+    # the same ops run in the same order. The setting is the calling thread's, restored.
+    with torch.jit.optimized_execution(False):
+        energies = potential(graph)
+        if energies.shape != (graph.ntotal,):
+            raise ValueError(
+                f"potential '{potential.name}' returned energies of shape {tuple(energies.shape)}, "
+                f"wanted ({graph.ntotal},)"
+            )
+        owned = energies[:nlocal]
+        total = owned.sum()
+        grads = [None] * len(leaves)
+        if total.requires_grad:  # energies that do not depend on any input have no graph
+            # on the calling thread, not torch's per-GPU autograd thread: a potential's
+            # exchanges call MPI in the backward (LAMMPS's MPI is not initialized for threads),
+            # and a graph released by that thread after LAMMPS has finalized its embedded Python
+            # aborts the process at exit (seen on the H200 with KOKKOS ML-IAP at 2 ranks)
+            with torch.autograd.set_multithreading_enabled(False):
+                grads = list(torch.autograd.grad(total, leaves, allow_unused=True))
     grads = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads)]
     owned = owned.detach().to(torch.float64)
     energy, finite = _energy_and_finite(owned, [*grads, leaf.detach()])
