@@ -33,7 +33,7 @@ from bench_strategies import LATTICE, crystal
 
 #: the bare models this process timed, by (model file, atoms, compile mode): kept between the
 #: ``python source`` commands of one LAMMPS run
-_MODELS: dict[tuple[str, int, bool], kl.BareModel] = {}
+_MODELS: dict[tuple[str, int, str], kl.BareModel] = {}
 
 
 def time_bare(model_file: str, atoms: int, calls: int, mode: str, out: str) -> None:
