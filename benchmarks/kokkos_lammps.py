@@ -628,8 +628,9 @@ def bench(
     model is the median of its rounds' ratios to the bare model of the same round: small
     models are launch-bound, and the host's speed moves every time between minutes. With
     ``profile`` each run's kernels per step are set against the bare model's, with
-    ``phases`` its host time is split into phases (step_profile.py); with ``model_calls`` 0 no bare model runs (the largest systems: this process holds no GPU
-    memory while LAMMPS runs)."""
+    ``phases`` its host time is split into phases (step_profile.py); with ``model_calls``
+    0 no bare model runs (the largest systems: this process holds no GPU memory while
+    LAMMPS runs)."""
     from bench_strategies import LATTICE, crystal
 
     rows = []
