@@ -1,5 +1,6 @@
-"""The LAMMPS edit behind 2-rank message passing through KOKKOS ML-IAP on GPUs
-(``tools/patch_lammps_kokkos.py``, docs/kokkos.md), checked on the pinned LAMMPS source
+"""The LAMMPS edits behind 2-rank message passing through KOKKOS ML-IAP on GPUs and its
+per-pair arrays' headroom (``tools/patch_lammps_kokkos.py``, docs/kokkos.md), checked on the
+pinned LAMMPS source
 that ``tools/build_lammps_mliap.sh`` keeps (``NVALCHEMI_LAMMPS_MLIAP/kokkos-source``).
 
 The GPU runs themselves are in ``benchmarks/kokkos_lammps.py`` (no GPU here). These tests
@@ -20,7 +21,13 @@ from pathlib import Path
 import pytest
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
-FILES = ["kokkos.cpp", "comm_kokkos.h", "comm_kokkos.cpp", "pair_mliap_kokkos.cpp"]
+FILES = [
+    "kokkos.cpp",
+    "comm_kokkos.h",
+    "comm_kokkos.cpp",
+    "pair_mliap_kokkos.cpp",
+    "mliap_data_kokkos.cpp",
+]
 
 
 @pytest.fixture(scope="module")
@@ -85,12 +92,31 @@ def test_device_pair_comm_staging_still_trips_over_a_resize(lammps_source):
     assert device.index("grow_buf_pair(nmax)") < device.index("k_buf_recv_pair.modify_host();")
 
 
+def _pair_arrays_growth(source: str) -> str:
+    """The block of ``MLIAPDataKokkos::grow_neigharrays`` that reallocates the per-pair
+    arrays when a step has more pairs than they hold."""
+    grow = source[source.index("::grow_neigharrays()") :]
+    block = grow[grow.index("  if (nneigh_max < npairs) {") :]
+    return block[: block.index("\n   }\n")]
+
+
+def test_mliap_pair_arrays_still_grow_to_exactly_the_pairs(lammps_source):
+    """Why the third edit exists: ML-IAP (KOKKOS) reallocates its per-pair arrays to exactly
+    this step's pair count, so a count that keeps growing reallocates them every step (on
+    the H200: 40 ms per step at 97,556 atoms, docs/performance.md round 13)."""
+    source = (lammps_source / "src/KOKKOS/mliap_data_kokkos.cpp").read_text()
+    growth = _pair_arrays_growth(source)
+    assert "nneigh_max = npairs;" in growth
+    for array in ("jatoms", "pair_i", "jelems", "rij", "graddesc"):
+        assert re.search(rf"create_kokkos\(k_{array}, {array}, npairs\b", growth), array
+
+
 def test_patch_applies_once(lammps_source, tmp_path):
     """Every edit applies to the pinned source, and a second run changes nothing."""
     tree = tmp_path / "lammps"
     shutil.copytree(lammps_source, tree)
     first = _patch(tree)
-    assert len(first) == 6 and all(line.startswith("patched ") for line in first), first
+    assert len(first) == 7 and all(line.startswith("patched ") for line in first), first
     patched = {f: (tree / "src/KOKKOS" / f).read_text() for f in FILES}
     second = _patch(tree)
     assert all(line.startswith("already patched ") for line in second), second
@@ -102,3 +128,7 @@ def test_patch_applies_once(lammps_source, tmp_path):
     assert "void CommKokkos::forward_comm_on_device(Pair *pair, int size)" in comm
     grow = comm[comm.index("void CommKokkos::grow_buf_pair") :]
     assert grow.index("k_buf_recv_pair.clear_sync_state();") < grow.index("\n}\n")
+    growth = _pair_arrays_growth(patched["mliap_data_kokkos.cpp"])
+    assert "nneigh_max = nalloc;" in growth and "npairs / 5" in growth
+    for array in ("jatoms", "pair_i", "jelems", "rij", "graddesc"):
+        assert re.search(rf"create_kokkos\(k_{array}, {array}, nalloc\b", growth), array

@@ -87,7 +87,7 @@ mkdir -p lammps/lib && mv lammps/kokkos lammps/lib/kokkos
 "$python" -m pip install --quiet cython
 # the KOKKOS sources tools/patch_lammps_kokkos.py edits, unedited, for tests/test_kokkos_patch.py
 rm -rf kokkos-source && mkdir -p kokkos-source/src/KOKKOS
-cp lammps/src/KOKKOS/{kokkos.cpp,comm_kokkos.h,comm_kokkos.cpp,pair_mliap_kokkos.cpp} \
+cp lammps/src/KOKKOS/{kokkos.cpp,comm_kokkos.h,comm_kokkos.cpp,pair_mliap_kokkos.cpp,mliap_data_kokkos.cpp} \
   kokkos-source/src/KOKKOS/
 
 export PATH="$venv/bin:$PATH" # cmake and ninja of VENV
