@@ -112,6 +112,9 @@ class PairState:
         self.eatom = np.zeros(n)
         self.vatom = xp.zeros((n, 6))
         self.fij = None  # what the model handed to update_pair_forces (numpy or CuPy)
+        # KOKKOS ML-IAP's allocated pairs: LAMMPS as released sizes them to exactly the
+        # pairs of the step that outgrew them (MLIAPDataKokkos::grow_neigharrays)
+        self.nneigh_max = arrays.npairs
         self.calls: list[tuple[str, int]] = []
 
     def update_pair_forces(self, fij) -> None:
@@ -313,6 +316,7 @@ class KokkosData:
     nlocal = property(lambda self: self._a.nlocal)
     nlistatoms = property(lambda self: self._s.nlistatoms)
     npairs = property(lambda self: self._a.npairs)
+    nneigh_max = property(lambda self: self._s.nneigh_max)
     eflag = property(lambda self: self._s.eflag)
     vflag = property(lambda self: self._s.vflag)
     ndescriptors = property(lambda self: 1)

@@ -50,7 +50,12 @@ from mliap_standin import (
 from nvalchemi_lammps import MessagePassing, save_model
 from nvalchemi_lammps._model_file import mliap_model
 from nvalchemi_lammps.frontends import mliap
-from nvalchemi_lammps.frontends.mliap import EXCHANGE_BUILD, RCUTFAC_PER_CUTOFF, MLIAPModel
+from nvalchemi_lammps.frontends.mliap import (
+    EXCHANGE_BUILD,
+    RCUTFAC_PER_CUTOFF,
+    REALLOCATIONS_NOTED,
+    MLIAPModel,
+)
 from nvalchemi_lammps.frontends.plugin import open_session
 from nvalchemi_lammps.lammps_run import run_command, write_lammps_data
 from nvalchemi_lammps.reference import evaluate_reference
@@ -262,6 +267,32 @@ def _state(nlocal=2, ntotal=3, npairs=2) -> PairState:
             rng.normal(size=(npairs, 3)),
         )
     )
+
+
+def _reallocation_notes(model_files, capsys, npairs, allocated) -> int:
+    """How often the ML-IAP model named KOKKOS ML-IAP's reallocations over steps with these
+    pair counts and allocated pairs."""
+    model = torch.load(model_files["lj"], weights_only=False)
+    capsys.readouterr()
+    for pairs, size in zip(npairs, allocated):
+        state = _state(nlocal=2, ntotal=4, npairs=pairs)
+        state.nneigh_max = size
+        run_callbacks(model, KokkosData(state), state, kokkos=True)
+    return capsys.readouterr().out.count("reallocated its per-pair arrays")
+
+
+def test_pair_array_reallocations_are_named_once(model_files, capsys):
+    """LAMMPS as released reallocates KOKKOS ML-IAP's per-pair arrays to exactly each new
+    maximum of the pair count: the tenth such step says so, once; arrays with headroom
+    (tools/patch_lammps_kokkos.py) or a pair count below its maximum never do."""
+    growing = list(range(3, 3 + 3 * REALLOCATIONS_NOTED))
+    assert _reallocation_notes(model_files, capsys, growing, growing) == 1
+    first = growing[:REALLOCATIONS_NOTED]  # the first allocation is not a reallocation
+    assert _reallocation_notes(model_files, capsys, first, first) == 0
+    headroom = [n + n // 5 + 1 for n in growing]
+    assert _reallocation_notes(model_files, capsys, growing, headroom) == 0
+    steady = [8 - n % 3 for n in range(4 * REALLOCATIONS_NOTED)]  # at most the first's
+    assert _reallocation_notes(model_files, capsys, steady, [8] * len(steady)) == 0
 
 
 def test_standin_refuses_what_lammps_refuses():

@@ -36,6 +36,9 @@ NPARAMS = 1
 #: own: ``pair_style nvalchemi``'s ``compile MODE`` (unset or ``no``: eager), read at the
 #: first ``compute_forces``, so the same on every rank
 COMPILE_ENV = "NVALCHEMI_LAMMPS_COMPILE"
+#: Calls on which KOKKOS ML-IAP reallocated its per-pair arrays to exactly the step's pairs
+#: before :class:`_PairArrays` says what that costs and how to stop it.
+REALLOCATIONS_NOTED = 10
 #: The LAMMPS whose ML-IAP can refresh ghost atoms between message-passing layers.
 EXCHANGE_BUILD = (
     "KOKKOS ML-IAP with forward_exchange (LAMMPS PR #4463, LAMMPS >= 2Apr2025), run with "
@@ -100,6 +103,12 @@ def _mpi_world() -> tuple[Any, Any, int, int] | None:
     except (OSError, AttributeError):  # no MPI in this process
         return None
     return lib, world, rank.value, size.value
+
+
+def _rank() -> int:
+    """This MPI rank, 0 without MPI (LAMMPS's screen is rank 0's)."""
+    mpi = _mpi_world()
+    return 0 if mpi is None else mpi[2]
 
 
 def _abort_if_parallel(error: BaseException) -> None:
@@ -185,6 +194,46 @@ class MliapComm(AdjointComm):
         )
 
 
+class _PairArrays:
+    """Watches KOKKOS ML-IAP's per-pair arrays. LAMMPS as released (4 Jul 2026) reallocates
+    them, zero-filled on host and device, to exactly the step's pair count whenever it is a
+    new maximum: every step while a system's pair count grows, 40 ms per step at 97,556
+    atoms on an H200 (docs/performance.md, round 13). A run pays that silently, so after
+    :data:`REALLOCATIONS_NOTED` such calls rank 0 says so once. A LAMMPS with
+    ``tools/patch_lammps_kokkos.py``'s edit allocates more than the pairs: never counted."""
+
+    def __init__(self) -> None:
+        self.allocated: int | None = None  # ML-IAP's nneigh_max at the last call
+        self.reallocations = 0
+        self.calls = 0
+        self.said = False
+
+    def see(self, data: Any) -> None:
+        allocated = getattr(data, "nneigh_max", None)  # KOKKOS ML-IAP only
+        if allocated is None or self.said:
+            return
+        self.calls += 1
+        allocated, before = int(allocated), self.allocated
+        self.allocated = allocated
+        if before is None or not allocated == int(data.npairs) > before:
+            return
+        self.reallocations += 1
+        if self.reallocations < REALLOCATIONS_NOTED:
+            return
+        self.said = True
+        if _rank() == 0:
+            print(
+                f"nvalchemi-lammps: LAMMPS's ML-IAP (KOKKOS) reallocated its per-pair arrays on "
+                f"{self.reallocations} of the last {self.calls} steps, on each step whose pair "
+                "count was a new maximum; on a GPU that can cost more than the model (40 ms "
+                "per step at 97,556 atoms on an H200). tools/build_lammps_kokkos.sh of "
+                "nvalchemi-lammps builds a LAMMPS that grows them with headroom; with this "
+                "LAMMPS, a 'run 0' on a box compressed by a few percent before the run "
+                "pre-grows them (docs/kokkos.md)",
+                flush=True,
+            )
+
+
 def _read(data: Any, fallback: torch.device, comm: Comm) -> LocalGraph:
     """The graph of ML-IAP's arrays, without copying (indices widened to int64 on their own
     device). ML-IAP's Cython views cannot have zero length (they raise), so empty arrays are
@@ -264,6 +313,7 @@ class MLIAPModel(MLIAPUnified):
         self._runner: Potential | None = None
         self._in_flight: torch.Tensor | None = None
         self._evaluations = 0  # compute_forces calls, for the messages
+        self._pair_arrays = _PairArrays()
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
         return PickledRecord(model_record(self.potential)).__reduce__()
@@ -296,6 +346,7 @@ class MLIAPModel(MLIAPUnified):
 
     def _compute_forces(self, data: Any) -> None:
         device = potential_device(self.potential)
+        self._pair_arrays.see(data)
         graph = _read(data, device, self._comm(data))
         self._in_flight = None  # _read waited for Kokkos, which is done reading it
         if device != graph.rij.device:
@@ -318,7 +369,7 @@ class MLIAPModel(MLIAPUnified):
             runner = compile_potential(self.potential, mode)
         except ValueError as refused:
             raise ValueError(f"{COMPILE_ENV}={mode}: {refused}") from None
-        if (_mpi_world() or (None, None, 0, 1))[2] == 0:  # LAMMPS's screen: rank 0's
+        if _rank() == 0:
             print(
                 f"nvalchemi-lammps: ML-IAP runs {self.potential.name} under torch.compile "
                 f"({mode}) on padded graphs ({COMPILE_ENV})",
