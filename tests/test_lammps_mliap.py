@@ -262,6 +262,27 @@ def test_message_passing_under_kokkos_equals_reference(mliap_lammps, nprocs, tmp
     assert_matches_reference(f"mliap-kokkos/mp/np{nprocs}", atoms, glob, ref, cell)
 
 
+def test_growing_pair_count_keeps_kokkos_arrays(mliap_lammps, lj_model, argon_data, tmp_path):
+    """A box compressed a little on every step sets a new maximum of the pair count on each:
+    the LAMMPS of tools/patch_lammps_kokkos.py grows KOKKOS ML-IAP's per-pair arrays with
+    headroom, so the model never sees them reallocated to exactly the step's pairs (LAMMPS
+    as released would, on every step, and the model would say so after 10)."""
+    _, path = lj_model
+    script = setup_commands(argon_data) + textwrap.dedent(
+        f"""\
+        pair_style mliap unified {path} 0
+        pair_coeff * * Ar
+        fix squeeze all deform 1 x scale 0.94 y scale 0.94 z scale 0.94 remap x
+        run 20
+        """
+    )
+    (tmp_path / "in.lammps").write_text(script)
+    cmd = lammps_command(1, mliap_lammps.lmp) + KOKKOS + ["-in", "in.lammps"]
+    run = run_command(cmd, tmp_path, timeout=600, env=mliap_lammps.env).check()
+    assert "pair mliap/kk" in run.output, run.output[-3000:]
+    assert "reallocated its per-pair arrays" not in run.output, run.output[-3000:]
+
+
 @pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])
 def test_corrupt_model_file_is_refused(mliap_lammps, nprocs, tmp_path):
     path = tmp_path / "broken.pt"
