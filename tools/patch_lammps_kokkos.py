@@ -101,26 +101,15 @@ void CommKokkos::reverse_comm_on_device(Pair *pair, int size)
 """,
     },
     "src/KOKKOS/mliap_data_kokkos.cpp": {
-        PAIR_ARRAYS: """  if (nneigh_max < npairs) {
-    // a fifth more than this step needs: a pair count that keeps growing (a heating
-    // crystal) would otherwise reallocate, and zero-fill, every array on every step
-    const int nalloc = npairs + MIN(npairs / 5, MAXSMALLINT - npairs);
-    memoryKK->destroy_kokkos(k_jatoms,jatoms);
-    memoryKK->create_kokkos(k_jatoms, jatoms, nalloc, "mliap_data:jatoms");
-    memoryKK->destroy_kokkos(k_pair_i,pair_i);
-    memoryKK->create_kokkos(k_pair_i, pair_i, nalloc, "mliap_data:pair_i");
-    memoryKK->destroy_kokkos(k_jelems,jelems);
-    memoryKK->create_kokkos(k_jelems, jelems, nalloc, "mliap_data:jelems");
-    memoryKK->destroy_kokkos(k_rij,rij);
-    memoryKK->create_kokkos(k_rij, rij, nalloc, 3, "mliap_data:rij");
-
-    if (gradgradflag == 0){
-      memoryKK->destroy_kokkos(k_graddesc,graddesc);
-      memoryKK->create_kokkos(k_graddesc, graddesc, nalloc, ndescriptors,3, "mliap_data:graddesc");
-    }
-    nneigh_max = nalloc;
-   }
-""",
+        PAIR_ARRAYS: PAIR_ARRAYS.replace(
+            "  if (nneigh_max < npairs) {\n",
+            "  if (nneigh_max < npairs) {\n"
+            "    // a fifth more than this step needs: a pair count that keeps growing (a heating\n"
+            "    // crystal) would otherwise reallocate, and zero-fill, every array on every step\n"
+            "    const int nalloc = npairs + MIN(npairs / 5, MAXSMALLINT - npairs);\n",
+        )
+        .replace(", npairs,", ", nalloc,")
+        .replace("nneigh_max = npairs;", "nneigh_max = nalloc;"),
     },
 }
 
