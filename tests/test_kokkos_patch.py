@@ -1,7 +1,7 @@
 """The LAMMPS edits behind 2-rank message passing through KOKKOS ML-IAP on GPUs and its
 per-pair arrays' headroom (``tools/patch_lammps_kokkos.py``, docs/kokkos.md), checked on the
-pinned LAMMPS source
-that ``tools/build_lammps_mliap.sh`` keeps (``NVALCHEMI_LAMMPS_MLIAP/kokkos-source``).
+pinned LAMMPS source that ``tools/build_lammps_mliap.sh`` keeps
+(``NVALCHEMI_LAMMPS_MLIAP/kokkos-source``).
 
 The GPU runs themselves are in ``benchmarks/kokkos_lammps.py`` (no GPU here). These tests
 fail when the workaround stops being needed (LAMMPS no longer sends ML-IAP's device
