@@ -224,7 +224,7 @@ class _PairArrays:
         if _rank() == 0:
             print(
                 f"nvalchemi-lammps: LAMMPS's ML-IAP (KOKKOS) reallocated its per-pair arrays on "
-                f"{self.reallocations} of the last {self.calls} steps, on each step whose pair "
+                f"{self.reallocations} of its first {self.calls} steps, on each step whose pair "
                 "count was a new maximum; on a GPU that can cost more than the model (40 ms "
                 "per step at 97,556 atoms on an H200). tools/build_lammps_kokkos.sh of "
                 "nvalchemi-lammps builds a LAMMPS that grows them with headroom; with this "
