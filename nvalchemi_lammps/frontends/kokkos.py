@@ -138,15 +138,20 @@ class KokkosComm(AdjointComm):
         if dst.dtype == torch.float64 and dst.device == self.device and dst.is_contiguous():
             dst.copy_(src)  # KOKKOS exchanges dst's own memory: no staging copy
             self._in_place(operation, dst.view(dst.shape[0], math.prod(dst.shape[1:])))
-        else:
-            dst.copy_(self._exchanged(operation, src.detach()))
+        else:  # copy_ casts the exchanged float64 rows into dst: no third copy
+            dst.copy_(self._staged(operation, src).view(dst.shape))
 
     def _exchanged(self, operation: Any, src: torch.Tensor) -> torch.Tensor:
+        return self._staged(operation, src).to(device=src.device, dtype=src.dtype).view(src.shape)
+
+    def _staged(self, operation: Any, src: torch.Tensor) -> torch.Tensor:
+        """``src`` exchanged in a float64 copy of its rows, ``(nrows, width)`` in KOKKOS's
+        memory (the one type KOKKOS's pair communication carries)."""
         # the width from the shape, not reshape(-1): a rank without atoms has zero rows
         rows = src.detach().reshape(src.shape[0], math.prod(src.shape[1:]))
         rows = rows.to(device=self.device, dtype=torch.float64, copy=True).contiguous()
         self._in_place(operation, rows)
-        return rows.to(device=src.device, dtype=src.dtype).reshape(src.shape)
+        return rows
 
     @staticmethod
     def _in_place(operation: Any, rows: torch.Tensor) -> None:

@@ -874,8 +874,9 @@ def _node_energies(
         features = _row_features(model, graph, node_attrs, node_feats, edges)
 
     node_heads = graph.species.new_full((owned,), head)
+    last_only = len(model.readouts) == 1
     readout_energies = [
-        readout(features[-1 if len(model.readouts) == 1 else k][:owned], node_heads)[:, head]
+        readout(_leading_rows(features[-1 if last_only else k], owned), node_heads)[:, head]
         for k, readout in enumerate(model.readouts)
     ]
     if hasattr(model, "scale_shift"):
@@ -885,6 +886,13 @@ def _node_energies(
     else:
         energies = torch.stack([node_e0, pair_energy, *readout_energies]).sum(dim=0)
     return with_ghost_rows(torch.where(mapped[:owned], energies, 0.0), graph.ntotal)
+
+
+def _leading_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x[:rows]``, or ``x`` itself when it has just those rows (the exchange strategy's
+    owned features): a slice of every row would still cost a zero-fill and a copy in the
+    backward pass."""
+    return x if x.shape[0] == rows else x[:rows]
 
 
 class _Edges(NamedTuple):
