@@ -58,19 +58,34 @@ def script(
     calls: int,
     mode: str,
     out: Path,
+    optimized: bool = False,
 ) -> str:
-    """The style's MD with the bare model timed before the first timed run and after each."""
+    """The style's MD with the bare model timed before the first timed run and after each;
+    ``optimized``: with TorchScript's optimizing executor on in the engine, for the style
+    and the bare model (``engine._evaluate.TORCHSCRIPT_OPTIMIZED``)."""
     call = (
         f"import sys; sys.path.insert(0, '{HERE}'); import kokkos_fixed_cost as f; "
         f"f.time_bare('{model_file}', {atoms}, {calls}, '{mode}', '{out}')"
     )
     bare = f'python source here "{call}"\n'
     text = kl.md_script(data, pair_style, "Ar Kr", "") + "thermo 0\nrun 5\n" + bare
+    if optimized:
+        setting = (
+            "from nvalchemi_lammps.engine import _evaluate as e; e.TORCHSCRIPT_OPTIMIZED = True"
+        )
+        text = f'python source here "{setting}"\n' + text
     return text + (f"run {steps}\n" + bare) * turns
 
 
 def measure(
-    folder: Path, lammps: kl.Lammps, atoms: int, style: str, steps: int, turns: int, calls: int
+    folder: Path,
+    lammps: kl.Lammps,
+    atoms: int,
+    style: str,
+    steps: int,
+    turns: int,
+    calls: int,
+    optimized: bool = False,
 ) -> dict:
     door, whose, mode = kl.STYLES[style]
     extra, env = door.compiled(mode)
@@ -91,10 +106,13 @@ def measure(
         calls,
         mode,
         out,
+        optimized,
     )
     run = lammps.run(text, 1, 1, workdir, door.kokkos, env)
     (workdir / "output.txt").write_text(run.output)
     row = {"atoms": len(system["positions"]), "style": style, "dtype": "float32"}
+    if optimized:
+        row["torchscript_optimized"] = True
     if run.returncode != 0:
         return {**row, "error": kl.failure(run)[-300:]}
     steps_ms = kl.run_ms_per_step(run.output)[-turns:]  # the warm-up run first
@@ -121,12 +139,26 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--calls", type=int, default=20, help="bare model calls per turn")
     parser.add_argument("--json", type=Path, help="where to write the results")
+    parser.add_argument(
+        "--torchscript-optimized",
+        action="store_true",
+        help="TorchScript's optimizing executor on in the engine (off in a release)",
+    )
     args = parser.parse_args()
     folder, lammps = args.dir.resolve(), kl.Lammps(args.lammps.resolve())
     rows = []
     for atoms in args.atoms:
         for style in args.styles:
-            row = measure(folder, lammps, atoms, style, args.steps, args.turns, args.calls)
+            row = measure(
+                folder,
+                lammps,
+                atoms,
+                style,
+                args.steps,
+                args.turns,
+                args.calls,
+                args.torchscript_optimized,
+            )
             rows.append(row)
             if "error" in row:
                 print(f"{atoms:8d} atoms {style:12s} failed: {row['error']}", flush=True)

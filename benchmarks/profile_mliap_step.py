@@ -288,8 +288,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", type=int, default=3, help="jiggled copies, in turn")
     parser.add_argument("--top", type=int, default=12, help="ops listed by count difference")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument(
+        "--torchscript-optimized",
+        action="store_true",
+        help="ours with TorchScript's optimizing executor on, as mace-torch's class runs (off "
+        "in the engine; a process that ran a scripted graph optimized keeps running it so)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.torchscript_optimized:
+        from nvalchemi_lammps.engine import _evaluate
+
+        _evaluate.TORCHSCRIPT_OPTIMIZED = True
     quiet = contextlib.ExitStack()
     quiet.enter_context(warnings.catch_warnings())
     warnings.simplefilter("ignore")  # e3nn's and cuEquivariance's deprecations, once each

@@ -8,6 +8,16 @@ import torch
 
 from ..contract import LocalGraph, Potential
 
+#: TorchScript's optimizing executor for a potential's scripted modules (e3nn's inside
+#: MACE), off. It profiles a scripted graph and specializes it for its input shapes, and a
+#: rank's pair count changes every step: the first steps of a run cost 3x the later ones on
+#: an H200 (docs/performance.md, round 12). Later steps run ~80 fewer torch ops per call
+#: with it on (MACE, round 14: it rewrites and differentiates the scripted graphs itself),
+#: whose worth on a GPU is not measured yet. Off, the scripted modules run their
+#: operations as written, differentiated by torch's autograd. A process that ran a
+#: scripted graph optimized keeps running it optimized: set this before the first step.
+TORCHSCRIPT_OPTIMIZED = False
+
 
 @dataclass(frozen=True)
 class Evaluation:
@@ -181,12 +191,8 @@ def evaluate(
             raise ValueError(
                 f"potential '{potential.name}' declares symmetric pair terms but gave none"
             )
-    # TorchScript's optimizing executor (e3nn's scripted modules inside MACE) profiles and
-    # specializes a scripted graph for each new input shape, up to a limit, and a rank's
-    # pair count changes every step: the first steps of a run cost 3x the later ones on an
-    # H200 (docs/performance.md, round 12), later ones the same either way. Unoptimized,
-    # the same ops run in the same order. The setting is the calling thread's, restored.
-    with torch.jit.optimized_execution(False):
+    # the calling thread's setting (TORCHSCRIPT_OPTIMIZED), restored after
+    with torch.jit.optimized_execution(TORCHSCRIPT_OPTIMIZED):
         energies = potential(graph)
         if energies.shape != (graph.ntotal,):
             raise ValueError(
