@@ -13,7 +13,9 @@ turns of the difference (the fixed cost per step) and of the ratio.
     python benchmarks/kokkos_fixed_cost.py DIR --lammps PREFIX --atoms 1000 20000 \\
         --styles kk kk-compile mliap
 
-DIR is ``kokkos_lammps.py prepare``'s folder; PREFIX as for kokkos_lammps.py.
+DIR is ``kokkos_lammps.py prepare``'s folder; PREFIX as for kokkos_lammps.py. With
+``--torchscript-optimized`` the engine runs TorchScript's optimizing executor (off in a
+release) for the style and the bare model alike (docs/performance.md, round 14).
 """
 
 from __future__ import annotations
