@@ -64,7 +64,7 @@ def script(
 ) -> str:
     """The style's MD with the bare model timed before the first timed run and after each;
     ``optimized``: with TorchScript's optimizing executor on in the engine, for the style
-    and the bare model (``engine._evaluate.TORCHSCRIPT_OPTIMIZED``)."""
+    and the bare model (``engine.optimize_torchscript``)."""
     call = (
         f"import sys; sys.path.insert(0, '{HERE}'); import kokkos_fixed_cost as f; "
         f"f.time_bare('{model_file}', {atoms}, {calls}, '{mode}', '{out}')"
@@ -72,9 +72,7 @@ def script(
     bare = f'python source here "{call}"\n'
     text = kl.md_script(data, pair_style, "Ar Kr", "") + "thermo 0\nrun 5\n" + bare
     if optimized:
-        setting = (
-            "from nvalchemi_lammps.engine import _evaluate as e; e.TORCHSCRIPT_OPTIMIZED = True"
-        )
+        setting = "from nvalchemi_lammps.engine import optimize_torchscript as o; o(True)"
         text = f'python source here "{setting}"\n' + text
     return text + (f"run {steps}\n" + bare) * turns
 

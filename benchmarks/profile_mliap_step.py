@@ -297,9 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.torchscript_optimized:
-        from nvalchemi_lammps.engine import _evaluate
+        from nvalchemi_lammps.engine import optimize_torchscript
 
-        _evaluate.TORCHSCRIPT_OPTIMIZED = True
+        optimize_torchscript(True)
     quiet = contextlib.ExitStack()
     quiet.enter_context(warnings.catch_warnings())
     warnings.simplefilter("ignore")  # e3nn's and cuEquivariance's deprecations, once each

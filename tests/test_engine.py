@@ -22,6 +22,7 @@ from _systems import (
 )
 
 from nvalchemi_lammps import LocalGraph, ModelSpec, Potential, evaluate
+from nvalchemi_lammps.engine import optimize_torchscript
 from nvalchemi_lammps.reference import evaluate_reference
 
 
@@ -267,6 +268,21 @@ def test_scripted_code_runs_unoptimized_and_the_setting_is_restored():
     assert potential.seen == [False, False]  # forward, backward
     assert torch._C._get_graph_executor_optimize()
     assert torch.equal(result.pair_forces, torch.tensor([[2.0, 0, 0], [-2.0, 0, 0]]).double())
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_optimized_torchscript_when_asked():
+    """``optimize_torchscript(True)`` turns the executor on for every later evaluation (the
+    benchmarks' switch, docs/performance.md round 14), and ``False`` off again."""
+    potential = SeesExecutor()
+    graph = LocalGraph(*_pair_graph([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]]))
+    try:
+        optimize_torchscript(True)
+        evaluate(potential, graph)
+    finally:
+        optimize_torchscript(False)
+    evaluate(potential, graph)
+    assert potential.seen == [True, True, False, False]
 
 
 # --- errors ---------------------------------------------------------------------------------

@@ -8,15 +8,27 @@ import torch
 
 from ..contract import LocalGraph, Potential
 
-#: TorchScript's optimizing executor for a potential's scripted modules (e3nn's inside
-#: MACE), off. It profiles a scripted graph and specializes it for its input shapes, and a
-#: rank's pair count changes every step: the first steps of a run cost 3x the later ones on
-#: an H200 (docs/performance.md, round 12). Later steps run ~80 fewer torch ops per call
-#: with it on (MACE, round 14: it rewrites and differentiates the scripted graphs itself),
-#: whose worth on a GPU is not measured yet. Off, the scripted modules run their
-#: operations as written, differentiated by torch's autograd. A process that ran a
-#: scripted graph optimized keeps running it optimized: set this before the first step.
-TORCHSCRIPT_OPTIMIZED = False
+#: TorchScript's optimizing executor on for a potential's scripted modules: see
+#: :func:`optimize_torchscript`
+_torchscript_optimized = False
+
+
+def optimize_torchscript(on: bool) -> None:
+    """Run a potential's TorchScript modules (e3nn's inside MACE) with TorchScript's
+    optimizing executor, or without it (the default), in every :func:`evaluate` of this
+    process from now on.
+
+    Off by default: the executor profiles a scripted graph and specializes it for its input
+    shapes, and a rank's pair count changes every step, so the first steps of a run cost 3x
+    the later ones on an H200 (docs/performance.md, round 12). On, later steps run ~80
+    fewer torch ops per call of MACE (round 14: the executor rewrites and differentiates
+    the scripted graphs itself), whose worth on a GPU is not measured yet. Off, the scripted
+    modules run their operations as written, differentiated by torch's autograd. Set it
+    before the first step: a process that ran a scripted graph optimized keeps running it
+    optimized.
+    """
+    global _torchscript_optimized
+    _torchscript_optimized = bool(on)
 
 
 @dataclass(frozen=True)
@@ -191,8 +203,8 @@ def evaluate(
             raise ValueError(
                 f"potential '{potential.name}' declares symmetric pair terms but gave none"
             )
-    # the calling thread's setting (TORCHSCRIPT_OPTIMIZED), restored after
-    with torch.jit.optimized_execution(TORCHSCRIPT_OPTIMIZED):
+    # the calling thread's setting (optimize_torchscript), restored after
+    with torch.jit.optimized_execution(_torchscript_optimized):
         energies = potential(graph)
         if energies.shape != (graph.ntotal,):
             raise ValueError(
