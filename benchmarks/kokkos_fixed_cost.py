@@ -157,7 +157,7 @@ def main() -> int:
                 args.steps,
                 args.turns,
                 args.calls,
-                args.torchscript_optimized,
+                optimized=args.torchscript_optimized,
             )
             rows.append(row)
             if "error" in row:

@@ -215,7 +215,8 @@ class _PairArrays:
         self.calls += 1
         allocated, before = int(allocated), self.allocated
         self.allocated = allocated
-        if before is None or not allocated == int(data.npairs) > before:
+        # reallocated to exactly this step's pairs, a new maximum
+        if before is None or not before < allocated == int(data.npairs):
             return
         self.reallocations += 1
         if self.reallocations < REALLOCATIONS_NOTED:
