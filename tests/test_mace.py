@@ -38,6 +38,11 @@ from _systems import (
 from nvalchemi_lammps import LocalGraph, evaluate, load_model, save_model
 from nvalchemi_lammps.frontends.plugin import LammpsComm
 from nvalchemi_lammps.potentials import mace as mace_module
+from nvalchemi_lammps.potentials._tensor_product_splits import (
+    _same_output,
+    _split_column_slices,
+    split_tensor_product_inputs,
+)
 from nvalchemi_lammps.potentials.mace import Mace
 from nvalchemi_lammps.reference import evaluate_reference
 
@@ -540,6 +545,76 @@ def test_float32(scale_shift):
     assert not np.array_equal(got.forces, ref.forces)
     exchanged, _ = _run_exchange(single, system, decompose(system, R_MAX, 3, 2))
     assert relative(exchanged.forces, ref.forces) <= 1e-4
+
+
+# --- e3nn's tensor products, each input split once --------------------------------------
+
+
+def _split_codes(potential: Mace) -> int:
+    scripted = [m for m in potential.model.modules() if isinstance(m, torch.jit.ScriptModule)]
+    return sum("split_with_sizes" in m.code for m in scripted)
+
+
+def _backward_slices(potential: Mace, system: System) -> int:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        _reference(potential, system)
+    return sum(1 for e in profile.events() if e.name == "aten::slice_backward")
+
+
+def test_tensor_products_split_inputs_once(variant):
+    """The network's tensor products split each input once (fewer slices to take back in
+    the backward pass) and give what e3nn's generated code gives, to the last bit."""
+    _, model, potential = variant
+    with mace_module._quiet_torchscript():
+        as_generated = copy.deepcopy(potential)
+        as_generated.model = mace_module._inference(copy.deepcopy(model))  # e3nn's code
+    assert _split_codes(potential) > 0 and _split_codes(as_generated) == 0
+    system = fcc_ar_kr()
+    ours, theirs = _reference(potential, system), _reference(as_generated, system)
+    for key in ("energy", "atom_energies", "pair_forces", "forces", "virial"):
+        assert np.array_equal(getattr(ours, key), getattr(theirs, key)), key
+    assert _backward_slices(potential, system) < _backward_slices(as_generated, system)
+
+
+def _tensor_product():
+    from e3nn import o3
+
+    with mace_module._quiet_torchscript():
+        return o3.FullyConnectedTensorProduct(
+            "2x0e+2x1o", "1x0e+1x1o", "2x0e+2x1o", shared_weights=False, internal_weights=False
+        )
+
+
+def test_split_tensor_product_gives_e3nns_values_and_gradients():
+    tp = _tensor_product()
+    as_generated = tp._compiled_main_left_right
+    assert split_tensor_product_inputs(tp) == 1
+    assert "split_with_sizes" in tp._compiled_main_left_right.code
+    torch.manual_seed(0)
+    dims = (tp.irreps_in1.dim, tp.irreps_in2.dim, tp.weight_numel)
+    inputs = [torch.randn(7, d, requires_grad=True) for d in dims]
+    results = []
+    for code in (tp._compiled_main_left_right, as_generated):
+        out = code(*inputs)
+        results.append([out, *torch.autograd.grad((out * out).sum(), inputs)])
+    for ours, theirs in zip(*results, strict=True):
+        assert torch.equal(ours, theirs)
+
+
+def test_rewritten_tensor_product_used_only_when_it_gives_e3nns_output():
+    tp = _tensor_product()
+    code = tp._compiled_main_left_right
+    assert _same_output(tp, code, code)
+    assert not _same_output(tp, code, lambda *inputs: code(*inputs) + 1.0)
+
+    class Short(torch.nn.Module):  # column slices that stop before the last column
+        def forward(self, x, y, w):
+            return torch.cat([x[:, 0:1], x[:, 1:2]], dim=1)
+
+    short = torch.fx.symbolic_trace(Short())
+    assert _split_column_slices(short.graph) == 2
+    short.recompile()
+    assert not _same_output(tp, code, short)  # split_with_sizes refuses: not used
 
 
 # --- errors --------------------------------------------------------------------------------

@@ -34,3 +34,13 @@ def without_warnings(*ignored: tuple[str, type[Warning]]) -> Iterator[None]:
         for message, category in ignored:
             warnings.filterwarnings("ignore", message=message, category=category)
         yield
+
+
+def without_torchscript_warnings() -> contextlib.AbstractContextManager[None]:
+    """e3nn builds its modules with ``torch.jit.script`` (and pickles them through
+    ``torch.jit.save``/``load``), which recent torch deprecates and which warns about e3nn's
+    annotations; those warnings say nothing about the model."""
+    return without_warnings(
+        (r"`torch\.jit\.(script|save|load)` is deprecated", DeprecationWarning),
+        (r"The TorchScript type system doesn't support instance-level annotations", UserWarning),
+    )

@@ -53,7 +53,9 @@ from ._layers import (
     updated_rows,
     with_ghost_rows,
 )
+from ._quiet import without_torchscript_warnings as _quiet_torchscript
 from ._quiet import without_warnings
+from ._tensor_product_splits import split_tensor_product_inputs
 
 #: The mace-torch model classes whose forward this module reproduces.
 MODEL_CLASSES = ("MACE", "ScaleShiftMACE")
@@ -150,16 +152,6 @@ def _basis_mismatch(err: Exception) -> bool:
 
 
 # --- importing mace-torch without its side effects -----------------------------------------
-
-
-def _quiet_torchscript() -> contextlib.AbstractContextManager[None]:
-    """e3nn builds its modules with ``torch.jit.script`` (and pickles them through
-    ``torch.jit.save``/``load``), which recent torch deprecates and which warns about e3nn's
-    annotations; those warnings say nothing about the model."""
-    return without_warnings(
-        (r"`torch\.jit\.(script|save|load)` is deprecated", DeprecationWarning),
-        (r"The TorchScript type system doesn't support instance-level annotations", UserWarning),
-    )
 
 
 _MACE: Any = None
@@ -442,7 +434,8 @@ def _check_keys(config: dict[str, Any]) -> None:
 
 
 def build_model(config: dict[str, Any]) -> torch.nn.Module:
-    """A mace-torch model from :func:`model_config`'s plain data (random weights, float64).
+    """A mace-torch model from :func:`model_config`'s plain data (random weights, float64),
+    its e3nn tensor products splitting each input once (:mod:`._tensor_product_splits`).
 
     :raises ValueError: unknown keys, or a class or gate this module does not rebuild
     """
@@ -482,7 +475,9 @@ def build_model(config: dict[str, Any]) -> torch.nn.Module:
     cls = mm.ScaleShiftMACE if kind == "ScaleShiftMACE" else mm.MACE
     # the random initial weights (replaced by the real ones) leave torch's generator alone
     with _quiet_torchscript(), _default_dtype(torch.float64), torch.random.fork_rng(devices=[]):
-        return cls(**config)
+        network = cls(**config)
+        split_tensor_product_inputs(network)
+    return network
 
 
 def _inference(network: torch.nn.Module) -> torch.nn.Module:
