@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from bench_mace_cueq import CU_LATTICE, _copy_in, _sync, cu_crystal, our_call, random_model
 
