@@ -27,6 +27,7 @@
 #include "comm.h"
 #include "domain.h"
 #include "error.h"
+#include "exceptions.h"
 #include "force.h"
 #include "memory.h"
 #include "neigh_list.h"
@@ -36,9 +37,11 @@
 #include "python_bridge.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -198,8 +201,8 @@ void PairNvalchemi::compute(int eflag, int vflag)
     // rank-local failure: error->one aborts every rank instead of leaving the
     // others waiting in the next collective
     log_traceback(err);
-    error->one(FLERR, "Pair style nvalchemi failed at step {}: {}", update->ntimestep,
-               with_type(err));
+    abort_one(FLERR, fmt::format("Pair style nvalchemi failed at step {}: {}", update->ntimestep,
+                                 with_type(err)));
   }
   if (!std::isfinite(result.energy))
     stop_nonfinite(result.npairs, result.atom_forces_written, result.pair_scalars_written, slot_i,
@@ -300,9 +303,10 @@ void PairNvalchemi::stop_nonfinite(int npairs, bool atom_forces_written, bool sc
   for (int k = 0; k < ncandidates; k++) {
     const bigint i = candidate_i[k], j = candidate_j[k];
     if (x[i][0] == x[j][0] && x[i][1] == x[j][1] && x[i][2] == x[j][2])
-      error->one(FLERR, "Pair style nvalchemi: atoms {} and {} are on the same spot ({} {} {}) "
-                 "at step {}, where {} gives no finite energy", tag[i], tag[j], x[i][0], x[i][1],
-                 x[i][2], update->ntimestep, model);
+      abort_one(FLERR, fmt::format("Pair style nvalchemi: atoms {} and {} are on the same spot "
+                                   "({} {} {}) at step {}, where {} gives no finite energy",
+                                   tag[i], tag[j], x[i][0], x[i][1], x[i][2], update->ntimestep,
+                                   model));
   }
 
   std::vector<tagint> ids;
@@ -326,11 +330,11 @@ void PairNvalchemi::stop_nonfinite(int npairs, bool atom_forces_written, bool sc
   std::string named;
   for (size_t k = 0; k < ids.size() && k < SHOWN; k++) named += fmt::format(" {}", ids[k]);
   if (ids.size() > SHOWN) named += fmt::format(" ... ({} atoms)", ids.size());
-  error->one(FLERR, "Pair style nvalchemi: {} returned non-finite energies or forces at step "
-             "{}{}", model, update->ntimestep,
-             ids.empty() ? std::string(" (each value is finite: their sum overflows, or the "
-                                       "virial is not finite)")
-                         : " on atoms" + named);
+  abort_one(FLERR, fmt::format("Pair style nvalchemi: {} returned non-finite energies or forces "
+                               "at step {}{}", model, update->ntimestep,
+                               ids.empty() ? std::string(" (each value is finite: their sum "
+                                                         "overflows, or the virial is not finite)")
+                                           : " on atoms" + named));
 }
 
 /* ----------------------------------------------------------------------
@@ -358,6 +362,23 @@ void PairNvalchemi::log_traceback(const std::exception &err)
   if (!out) return;
   utils::print(out, "pair_style nvalchemi: Python traceback:\n{}", python->traceback());
   fflush(out);
+}
+
+/* ----------------------------------------------------------------------
+   error->one (a failure of this rank alone ends the run), then a moment
+   before LAMMPS's main calls MPI_Abort: mpirun may end the job before it has
+   passed on what this rank printed (seen with MPICH's launcher on a loaded
+   machine, two ranks failing at once: exit 1 and no message at all)
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::abort_one(const std::string &file, int line, const std::string &message)
+{
+  try {
+    error->one(file, line, message);
+  } catch (LAMMPSAbortException &) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    throw;
+  }
 }
 
 /* ----------------------------------------------------------------------
@@ -600,7 +621,9 @@ void PairNvalchemi::settings(int narg, char **arg)
   MPI_Allreduce(&failed, &nfailed, 1, MPI_INT, MPI_SUM, world);
   if (nfailed == comm->nprocs)
     error->all(FLERR, "Pair style nvalchemi cannot load model {}: {}", model_path, message);
-  if (failed) error->one(FLERR, "Pair style nvalchemi cannot load model {}: {}", model_path, message);
+  if (failed)
+    abort_one(FLERR, fmt::format("Pair style nvalchemi cannot load model {}: {}", model_path,
+                                 message));
   if (nfailed) error->all(FLERR, "Pair style nvalchemi: model {} failed to load on {} rank(s)",
                           model_path, nfailed);
   check_same_model();
@@ -681,7 +704,7 @@ void PairNvalchemi::finish()
     status = session->compile_status();
   } catch (std::exception &err) {
     log_traceback(err);
-    error->one(FLERR, "pair_style nvalchemi: {}", err.what());
+    abort_one(FLERR, fmt::format("pair_style nvalchemi: {}", err.what()));
   }
   long local[2] = {status.graphs - compiled_before, status.graphs}, most[2];
   MPI_Allreduce(local, most, 2, MPI_LONG, MPI_MAX, world);

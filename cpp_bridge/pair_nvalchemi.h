@@ -95,6 +95,7 @@ class PairNvalchemi : public Pair {
                       const bigint *slot_j);
   void apply_pair_forces(int npairs, bool scalars, const bigint *slot_i, const bigint *slot_j);
   void log_traceback(const std::exception &err);
+  [[noreturn]] void abort_one(const std::string &file, int line, const std::string &message);
   static std::string with_type(const std::exception &err);
   void grow_buffers(int natoms, int npairs);
   void build_topology();

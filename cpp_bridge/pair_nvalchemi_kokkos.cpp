@@ -218,8 +218,8 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
     // rank-local failure: error->one aborts every rank instead of leaving the
     // others waiting in the next collective
     log_traceback(err);
-    error->one(FLERR, "Pair style nvalchemi/kk failed at step {}: {}", update->ntimestep,
-               with_type(err));
+    abort_one(FLERR, fmt::format("Pair style nvalchemi/kk failed at step {}: {}",
+                                 update->ntimestep, with_type(err)));
   }
 
   atomKK->modified(execution_space, F_MASK);
