@@ -9,7 +9,10 @@ with the network as mace-torch builds it (e3nn's generated code, the same weight
 two called in turns, ``--calls`` each after three warm-up calls each, every call timed to
 its end (a CUDA synchronization). Printed per row: the median ms of each, the median of the
 per-turn ratios split / as generated, the aten ops per call of each (``torch.profiler``,
-nested ones too), and whether the pair forces of the two are equal to the last bit.
+nested ones too), and whether the pair forces of the two are equal to the last bit, taken
+with torch's deterministic kernels (on CUDA, MACE's sums over pairs use atomic adds whose
+order changes from call to call: one network differs from itself by the printed run-to-run
+relative difference without them).
 
     python benchmarks/bench_tensor_product_splits.py --device cuda --dtype float32 \\
         --models test mp-medium --atoms 864 19652 97556
@@ -20,12 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS deterministic, before CUDA
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,13 +61,32 @@ def aten_ops(call) -> int:
     return sum(1 for e in profile.events() if e.name.startswith("aten::"))
 
 
+def pair_forces(run) -> np.ndarray:
+    return run().pair_forces.detach().cpu().numpy()
+
+
+def deterministic_pair_forces(runs: dict) -> dict[str, np.ndarray]:
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        return {key: pair_forces(run) for key, run in runs.items()}
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def relative_difference(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
 def measure(name: str, atoms: int, dtype: str, device: str, calls: int) -> dict:
     both = potentials(name, dtype, device)
     positions, cell = cu_crystal(atoms)
     cutoff = both["split"].spec.cutoff
     pairs = neighbor_pairs(positions, cell, (True, True, True), cutoff)
     runs = {k: our_call(p, atoms, pairs, device, species=0) for k, p in both.items()}
-    forces = {k: run().pair_forces.detach().cpu().numpy() for k, run in runs.items()}
+    forces = deterministic_pair_forces(runs)
+    run_to_run = relative_difference(
+        pair_forces(runs["as generated"]), pair_forces(runs["as generated"])
+    )
     times: dict[str, list[float]] = {k: [] for k in runs}
     for turn in range(calls + 3):
         for key in runs if turn % 2 else reversed(runs):
@@ -83,6 +108,8 @@ def measure(name: str, atoms: int, dtype: str, device: str, calls: int) -> dict:
         "split_over_generated": statistics.median(ratios),
         "aten_ops": {k: aten_ops(run) for k, run in runs.items()},
         "pair_forces_equal": bool(np.array_equal(forces["split"], forces["as generated"])),
+        "relative_difference": relative_difference(forces["split"], forces["as generated"]),
+        "run_to_run": run_to_run,
     }
 
 
@@ -108,7 +135,8 @@ def main() -> int:
                 f"{args.device}: split {ms['split']:.2f} ms, as generated "
                 f"{ms['as generated']:.2f} ms, ratio {row['split_over_generated']:.3f}; "
                 f"aten ops {ops['split']} against {ops['as generated']}; pair forces "
-                f"{'equal' if row['pair_forces_equal'] else 'DIFFERENT'}",
+                f"{'equal' if row['pair_forces_equal'] else 'DIFFERENT'} "
+                f"({row['relative_difference']:.1e}; run to run {row['run_to_run']:.1e})",
                 flush=True,
             )
             if args.json:

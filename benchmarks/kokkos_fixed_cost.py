@@ -16,6 +16,16 @@ turns of the difference (the fixed cost per step) and of the ratio.
 DIR is ``kokkos_lammps.py prepare``'s folder; PREFIX as for kokkos_lammps.py. With
 ``--torchscript-optimized`` the engine runs TorchScript's optimizing executor (off in a
 release) for the style and the bare model alike (docs/performance.md, round 14).
+
+With ``--interleave`` the eager styles share one LAMMPS process instead: each turn runs
+every style in turn (the order rotating from turn to turn), each from its own
+``pair_style`` command, a short untimed run, then the timed one, and the bare model after
+the turn. The host's drift then hits every door of a turn alike: printed per style are the
+medians over the turns of its ms/step, of its step / model and of its ms/step over the
+first style's (docs/performance.md, round 16).
+
+    python benchmarks/kokkos_fixed_cost.py DIR --lammps PREFIX --atoms 1000 20000 \\
+        --styles kk mliap mace-torch --interleave --turns 6
 """
 
 from __future__ import annotations
@@ -75,6 +85,98 @@ def script(
         setting = "from nvalchemi_lammps.engine import optimize_torchscript as o; o(True)"
         text = f'python source here "{setting}"\n' + text
     return text + (f"run {steps}\n" + bare) * turns
+
+
+def interleaved_script(
+    data: Path,
+    pair_styles: dict[str, str],
+    model_file: Path,
+    atoms: int,
+    steps: int,
+    turns: int,
+    calls: int,
+    out: Path,
+) -> str:
+    """Every style in each turn, its order rotating, a warm-up run after each ``pair_style``
+    command; the bare model timed before the first turn and after each."""
+    call = (
+        f"import sys; sys.path.insert(0, '{HERE}'); import kokkos_fixed_cost as f; "
+        f"f.time_bare('{model_file}', {atoms}, {calls}, 'no', '{out}')"
+    )
+    bare = f'python source here "{call}"\n'
+    names = list(pair_styles)
+    text = kl.md_script(data, pair_styles[names[0]], "Ar Kr", "") + "thermo 0\nrun 5\n" + bare
+    for turn in range(turns):
+        for name in names[turn % len(names) :] + names[: turn % len(names)]:
+            text += f"pair_style {pair_styles[name]}\npair_coeff * * Ar Kr\n"
+            text += f"run {INTERLEAVE_WARMUP}\nrun {steps}\n"
+        text += bare
+    return text
+
+
+#: untimed steps after each pair_style command of --interleave (the door's first steps
+#: build its model and lists)
+INTERLEAVE_WARMUP = 3
+
+
+def measure_interleaved(
+    folder: Path,
+    lammps: kl.Lammps,
+    atoms: int,
+    styles: list[str],
+    steps: int,
+    turns: int,
+    calls: int,
+) -> list[dict]:
+    """The eager ``styles`` in turns in one LAMMPS process; a row per style."""
+    pair_styles, rows = {}, []
+    data, system = crystal(atoms, LATTICE["mace"], folder / f"bench{atoms}.data")
+    ours = folder / "mace32_e3nn.pt"
+    for style in styles:
+        door, whose, mode = kl.STYLES[style]
+        if mode != "no" or not door.kokkos:
+            raise SystemExit(f"--interleave takes eager KOKKOS styles, not {style}")
+        model_file = folder / "mace32_own.pt" if whose == "mace-torch" else ours
+        pair_styles[style] = door.pair_style(model_file, "cuda")
+    workdir = folder / "runs" / "fixed" / f"{atoms}_interleaved"
+    out = workdir / "bare_ms.txt"
+    workdir.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)
+    text = interleaved_script(data, pair_styles, ours, atoms, steps, turns, calls, out)
+    run = lammps.run(text, 1, 1, workdir, True, {})
+    (workdir / "output.txt").write_text(run.output)
+    base = {"atoms": len(system["positions"]), "dtype": "float32", "interleaved": styles}
+    if run.returncode != 0:
+        return [{**base, "style": s, "error": kl.failure(run)[-300:]} for s in styles]
+    timed = kl.run_ms_per_step(run.output)[2::2]  # after the first run and each warm-up
+    bare = [float(v) for v in out.read_text().split()]
+    around = [(a + b) / 2 for a, b in itertools.pairwise(bare)]
+    by_style: dict[str, list[float]] = {s: [] for s in styles}
+    for turn in range(turns):
+        order = styles[turn % len(styles) :] + styles[: turn % len(styles)]
+        for style, ms in zip(
+            order, timed[turn * len(styles) : (turn + 1) * len(styles)], strict=True
+        ):
+            by_style[style].append(ms)
+    first = by_style[styles[0]]
+    for style, steps_ms in by_style.items():
+        rows.append(
+            base
+            | {
+                "style": style,
+                "step_ms": steps_ms,
+                "bare_ms": bare,
+                "ms_per_step": statistics.median(steps_ms),
+                "model_ms": statistics.median(bare),
+                "step_over_model": statistics.median(
+                    s / m for s, m in zip(steps_ms, around, strict=True)
+                ),
+                "over_first": statistics.median(
+                    s / f for s, f in zip(steps_ms, first, strict=True)
+                ),
+            }
+        )
+    return rows
 
 
 def measure(
@@ -144,9 +246,31 @@ def main() -> int:
         action="store_true",
         help="TorchScript's optimizing executor on in the engine (off in a release)",
     )
+    parser.add_argument(
+        "--interleave", action="store_true", help="the eager styles in turns in one process"
+    )
     args = parser.parse_args()
     folder, lammps = args.dir.resolve(), kl.Lammps(args.lammps.resolve())
     rows = []
+    if args.interleave:
+        for atoms in args.atoms:
+            rows += measure_interleaved(
+                folder, lammps, atoms, args.styles, args.steps, args.turns, args.calls
+            )
+            for row in rows[-len(args.styles) :]:
+                if "error" in row:
+                    print(f"{atoms:8d} atoms {row['style']:12s} failed: {row['error']}", flush=True)
+                    continue
+                print(
+                    f"{row['atoms']:8d} atoms {row['style']:12s} step {row['ms_per_step']:7.2f} ms, "
+                    f"step / model {row['step_over_model']:.2f}, / {args.styles[0]} "
+                    f"{row['over_first']:.3f} (medians of {args.turns} turns, model "
+                    f"{row['model_ms']:.2f} ms)",
+                    flush=True,
+                )
+            if args.json:
+                args.json.write_text(json.dumps(rows, indent=1))
+        return 0
     for atoms in args.atoms:
         for style in args.styles:
             row = measure(
