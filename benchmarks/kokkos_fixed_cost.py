@@ -105,10 +105,14 @@ def interleaved_script(
     )
     bare = f'python source here "{call}"\n'
     names = list(pair_styles)
-    text = kl.md_script(data, pair_styles[names[0]], "Ar Kr", "") + "thermo 0\nrun 5\n" + bare
+    # an ML-IAP style first: ML-IAP registers its Cython module before it starts Python,
+    # which it cannot once the plugin has started it (ModuleNotFoundError otherwise)
+    first = min(pair_styles.values(), key=lambda style: not style.startswith("mliap"))
+    text = kl.md_script(data, first, "Ar Kr", "") + "thermo 0\nrun 5\n" + bare
     for turn in range(turns):
         for name in names[turn % len(names) :] + names[: turn % len(names)]:
-            text += f"pair_style {pair_styles[name]}\npair_coeff * * Ar Kr\n"
+            # none first: LAMMPS hands a repeated style's arguments to the pair it has
+            text += f"pair_style none\npair_style {pair_styles[name]}\npair_coeff * * Ar Kr\n"
             text += f"run {INTERLEAVE_WARMUP}\nrun {steps}\n"
         text += bare
     return text
