@@ -60,6 +60,21 @@ def time_bare(model_file: str, atoms: int, calls: int, mode: str, out: str) -> N
         stream.write(f"{statistics.median(_MODELS[key].samples(calls))}\n")
 
 
+def bare_command(model_file: str | Path, atoms: int, calls: int, mode: str, out: Path) -> str:
+    """The LAMMPS command that times the bare model (time_bare) in LAMMPS's Python."""
+    call = (
+        f"import sys; sys.path.insert(0, '{HERE}'); import kokkos_fixed_cost as f; "
+        f"f.time_bare('{model_file}', {atoms}, {calls}, '{mode}', '{out}')"
+    )
+    return f'python source here "{call}"\n'
+
+
+def turn_order(names: list[str], turn: int) -> list[str]:
+    """--interleave's styles in ``turn``: rotated by one each turn."""
+    k = turn % len(names)
+    return names[k:] + names[:k]
+
+
 def script(
     data: Path,
     pair_style: str,
@@ -75,11 +90,7 @@ def script(
     """The style's MD with the bare model timed before the first timed run and after each;
     ``optimized``: with TorchScript's optimizing executor on in the engine, for the style
     and the bare model (``engine.optimize_torchscript``)."""
-    call = (
-        f"import sys; sys.path.insert(0, '{HERE}'); import kokkos_fixed_cost as f; "
-        f"f.time_bare('{model_file}', {atoms}, {calls}, '{mode}', '{out}')"
-    )
-    bare = f'python source here "{call}"\n'
+    bare = bare_command(model_file, atoms, calls, mode, out)
     text = kl.md_script(data, pair_style, "Ar Kr", "") + "thermo 0\nrun 5\n" + bare
     if optimized:
         setting = "from nvalchemi_lammps.engine import optimize_torchscript as o; o(True)"
@@ -99,18 +110,14 @@ def interleaved_script(
 ) -> str:
     """Every style in each turn, its order rotating, a warm-up run after each ``pair_style``
     command; the bare model timed before the first turn and after each."""
-    call = (
-        f"import sys; sys.path.insert(0, '{HERE}'); import kokkos_fixed_cost as f; "
-        f"f.time_bare('{model_file}', {atoms}, {calls}, 'no', '{out}')"
-    )
-    bare = f'python source here "{call}"\n'
+    bare = bare_command(model_file, atoms, calls, "no", out)
     names = list(pair_styles)
     # an ML-IAP style first: ML-IAP registers its Cython module before it starts Python,
     # which it cannot once the plugin has started it (ModuleNotFoundError otherwise)
     first = min(pair_styles.values(), key=lambda style: not style.startswith("mliap"))
     text = kl.md_script(data, first, "Ar Kr", "") + "thermo 0\nrun 5\n" + bare
     for turn in range(turns):
-        for name in names[turn % len(names) :] + names[: turn % len(names)]:
+        for name in turn_order(names, turn):
             # none first: LAMMPS hands a repeated style's arguments to the pair it has
             text += f"pair_style none\npair_style {pair_styles[name]}\npair_coeff * * Ar Kr\n"
             text += f"run {INTERLEAVE_WARMUP}\nrun {steps}\n"
@@ -157,9 +164,10 @@ def measure_interleaved(
     around = [(a + b) / 2 for a, b in itertools.pairwise(bare)]
     by_style: dict[str, list[float]] = {s: [] for s in styles}
     for turn in range(turns):
-        order = styles[turn % len(styles) :] + styles[: turn % len(styles)]
         for style, ms in zip(
-            order, timed[turn * len(styles) : (turn + 1) * len(styles)], strict=True
+            turn_order(styles, turn),
+            timed[turn * len(styles) : (turn + 1) * len(styles)],
+            strict=True,
         ):
             by_style[style].append(ms)
     first = by_style[styles[0]]
