@@ -66,11 +66,12 @@ def pair_forces(run) -> np.ndarray:
 
 
 def deterministic_pair_forces(runs: dict) -> dict[str, np.ndarray]:
+    before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         return {key: pair_forces(run) for key, run in runs.items()}
     finally:
-        torch.use_deterministic_algorithms(False)
+        torch.use_deterministic_algorithms(before)
 
 
 def relative_difference(a: np.ndarray, b: np.ndarray) -> float:
