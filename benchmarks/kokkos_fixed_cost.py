@@ -112,9 +112,7 @@ def interleaved_script(
     command; the bare model timed before the first turn and after each."""
     bare = bare_command(model_file, atoms, calls, "no", out)
     names = list(pair_styles)
-    # an ML-IAP style first: ML-IAP registers its Cython module before it starts Python,
-    # which it cannot once the plugin has started it (ModuleNotFoundError otherwise)
-    first = min(pair_styles.values(), key=lambda style: not style.startswith("mliap"))
+    first = pair_styles[names[0]]
     text = kl.md_script(data, first, "Ar Kr", "") + "thermo 0\nrun 5\n" + bare
     for turn in range(turns):
         for name in turn_order(names, turn):

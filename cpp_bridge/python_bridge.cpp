@@ -89,6 +89,26 @@ std::string format_traceback(PyObject *value)
 }
 
 /* ----------------------------------------------------------------------
+   the Cython modules of LAMMPS's ML-IAP (PYTHON package) are built into
+   liblammps and reach Python only through the table of built-in modules,
+   which LAMMPS fills just before it starts the interpreter itself and which
+   is read once, at the start. Starting Python here first would leave
+   `pair_style mliap unified` and `mliap model mliappy` later in the same
+   input unable to import them: register those that this LAMMPS has. An lmp
+   executable links liblammps, so its symbols are in the global namespace.
+------------------------------------------------------------------------- */
+
+void register_lammps_modules()
+{
+  for (const char *name : {"mliap_model_python_couple", "mliap_unified_couple",
+                           "mliap_model_python_couple_kokkos", "mliap_unified_couple_kokkos"}) {
+    const std::string init = std::string("PyInit_") + name;
+    if (void *symbol = dlsym(RTLD_DEFAULT, init.c_str()))
+      PyImport_AppendInittab(name, reinterpret_cast<PyObject *(*) ()>(symbol));
+  }
+}
+
+/* ----------------------------------------------------------------------
    start the interpreter once per process if nobody has
 ------------------------------------------------------------------------- */
 
@@ -107,6 +127,7 @@ void start_python()
   const char *executable = std::getenv(PYTHON_ENV_VAR);
   if (!executable || !*executable) executable = NVALCHEMI_PYTHON_EXECUTABLE;
 
+  register_lammps_modules();
   PyConfig config;
   PyConfig_InitPythonConfig(&config);
   config.install_signal_handlers = 0;    // LAMMPS and MPI own the signals

