@@ -407,7 +407,6 @@ def test_kokkos_equals_reference_and_plugin(kokkos_lammps, request, name, nprocs
         assert_runs_agree(label, kk, plain, tol=1e-10, stress=True)
 
 
-
 @pytest.mark.parametrize("nprocs", [1, 2])
 def test_mliap_unified_after_the_plugin_started_python(kokkos_lammps, mp_model, nprocs, tmp_path):
     """``pair_style nvalchemi/kk`` first starts Python; ``pair_style mliap unified`` with the
