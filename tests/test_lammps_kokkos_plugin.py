@@ -11,7 +11,8 @@ features exchanged through KOKKOS's pair communication, forward and, in the back
 reverse, on its device and host paths; and the widened shell); MACE; DFT-D3; AIMNet2 with a
 net charge (charge equilibration summed over ranks); Ewald and PME (positions, the cell,
 charges from KOKKOS's ``q``); pipelines (Lennard-Jones + message passing + Ewald; AIMNet2's
-charges into PME); the message-passing model under ``compile yes`` (1 and 2 ranks). 200
+charges into PME); the message-passing model under ``compile yes`` (1 and 2 ranks);
+``pair_style mliap unified`` after the plugin has started Python (1 and 2 ranks). 200
 NVE steps on 2 and 4 ranks equal to 1 rank. Non-finite results and the plugin's input
 checks stop the run with the plugin's messages.
 """
