@@ -12,7 +12,7 @@ reverse, on its device and host paths; and the widened shell); MACE; DFT-D3; AIM
 net charge (charge equilibration summed over ranks); Ewald and PME (positions, the cell,
 charges from KOKKOS's ``q``); pipelines (Lennard-Jones + message passing + Ewald; AIMNet2's
 charges into PME); the message-passing model under ``compile yes`` (1 and 2 ranks);
-``pair_style mliap unified`` after the plugin has started Python (1 and 2 ranks). 200
+``pair_style mliap unified`` after the plugin has started Python. 200
 NVE steps on 2 and 4 ranks equal to 1 rank. Non-finite results and the plugin's input
 checks stop the run with the plugin's messages.
 """
@@ -408,12 +408,12 @@ def test_kokkos_equals_reference_and_plugin(kokkos_lammps, request, name, nprocs
         assert_runs_agree(label, kk, plain, tol=1e-10, stress=True)
 
 
-@pytest.mark.parametrize("nprocs", [1, 2])
+@pytest.mark.parametrize("nprocs", NPROCS)
 def test_mliap_unified_after_the_plugin_started_python(kokkos_lammps, mp_model, nprocs, tmp_path):
     """``pair_style nvalchemi/kk`` first starts Python; ``pair_style mliap unified`` with the
     same model file next in the same input still imports ML-IAP's coupling module (which
     LAMMPS registers only when it starts Python itself) and gives the same numbers, both
-    equal to the single-process reference."""
+    equal to the single-process reference (a rank without atoms at 4 ranks)."""
     potential, path = mp_model
     data, positions, cell, species = _slab(tmp_path)
     ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
@@ -424,6 +424,9 @@ def test_mliap_unified_after_the_plugin_started_python(kokkos_lammps, mp_model, 
     run = kokkos_lammps.run(script, nprocs, tmp_path).check()
     assert "pair nvalchemi/kk, perpetual" in run.output, run.output[-3000:]
     assert "pair mliap/kk, perpetual" in run.output, run.output[-3000:]
+    if nprocs == 4:
+        owned = atoms_per_rank(run.output, "Nlocal")
+        assert owned and all(fewest == 0 for fewest, _ in owned), f"no rank without atoms: {owned}"
     ids = np.arange(1, len(species) + 1)
     kk = read_evaluation(tmp_path, run.output, "kk", ids)
     mliap = read_evaluation(tmp_path, run.output, "mliap", ids)
