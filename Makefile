@@ -96,7 +96,8 @@ $(GPU_TORCH_STAMP): Makefile $(PACKAGE_SOURCES)
 # without network access to Debian the build leaves a note and those tests skip, saying why
 # (rm -rf .lammps-mliap to try again)
 $(MLIAP_STAMP): $(DEPS_STAMP) tools/build_lammps_mliap.sh tools/build_lammps_kokkos.sh \
-		tools/build_plugin_kokkos.sh tools/patch_kokkos.py tools/patch_lammps_kokkos.py
+		tools/build_plugin_kokkos.sh tools/patch_kokkos.py tools/patch_lammps_kokkos.py \
+		tools/cut_lammps_source.sh
 	bash tools/build_lammps_mliap.sh $(MLIAP_LAMMPS) $(VENV)
 	touch $@
 

@@ -30,6 +30,14 @@ jobs=${BUILD_JOBS:-$(nproc)}
 python=${PYTHON:-python3}
 here=$(dirname "$(realpath "$0")")
 
+# a cut source tree (tools/cut_lammps_source.sh) must still have what the build and the
+# install read: stop now rather than minutes into the build
+for part in cmake/CMakeLists.txt python/lammps doc/lammps.1 src/fmt src/nlohmann \
+            src/KOKKOS src/ML-IAP src/ML-SNAP src/PYTHON src/PLUGIN; do
+  [ -e "$lammps_src/$part" ] \
+    || { echo "$lammps_src has no $part: tools/cut_lammps_source.sh keeps what is needed" >&2; exit 2; }
+done
+
 start=$(date +%s)
 mkdir -p "$prefix"
 # LAMMPS finds Kokkos at lib/kokkos of its own tree

@@ -79,8 +79,7 @@ then
 fi
 
 rm -rf lammps plugin-sdk plugin-build install python
-mkdir -p lammps/bench lammps/potentials # installed as share/lammps/*: no data files are needed
-tar xf lammps-source.tar.gz -C lammps cmake src python doc/lammps.1
+bash "$here/cut_lammps_source.sh" lammps-source.tar.gz lammps # the part the build reads
 rm lammps-source.tar.gz
 tar xJf "$here/../third_party/kokkos-4.6.99-20250620.tar.xz" -C lammps
 mkdir -p lammps/lib && mv lammps/kokkos lammps/lib/kokkos

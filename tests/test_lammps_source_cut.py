@@ -1,0 +1,97 @@
+"""The cut LAMMPS source that travels to GPU nodes without internet
+(``tools/cut_lammps_source.sh``, docs/kokkos.md) and the KOKKOS build script's check of a
+source tree's parts (``tools/build_lammps_kokkos.sh``), on small stand-in tarballs laid out
+as Debian's (no top folder) and as a release's (one top folder).
+
+A tree cut by hand without ``doc/lammps.1`` built for seven minutes on an H100 and then
+failed in ``cmake --install``: the script now stops such a tree before it starts.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+BUILT = ["KOKKOS", "ML-IAP", "ML-SNAP", "PYTHON", "PLUGIN"]
+KEPT = [
+    "LICENSE",
+    "cmake/CMakeLists.txt",
+    "cmake/Modules/Packages/KOKKOS.cmake",
+    "python/lammps/__init__.py",
+    "doc/lammps.1",
+    "src/lammps.cpp",
+    "src/fmt/core.h",
+    "src/nlohmann/json.hpp",
+    *(f"src/{package}/{package.lower()}.cpp" for package in BUILT),
+]
+DROPPED = ["doc/src/Manual.rst", "examples/melt/in.melt", "src/MANYBODY/pair_tersoff.cpp"]
+
+
+def source_tarball(tmp_path: Path, top: str) -> Path:
+    tree = tmp_path / "tree"
+    for name in KEPT + DROPPED:
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text(f"{name}\n")
+    tarball = tmp_path / "lammps.tar.gz"
+    with tarfile.open(tarball, "w:gz") as archive:
+        for path in sorted(tree.rglob("*")):
+            if path.is_file():
+                archive.add(path, arcname=str(Path(top, path.relative_to(tree))))
+    return tarball
+
+
+def tool(script: str, *args: Path | str) -> subprocess.CompletedProcess:
+    command = ["bash", str(TOOLS / script), *map(str, args)]
+    return subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
+
+
+def cut(source: Path, out: Path, *packages: str) -> subprocess.CompletedProcess:
+    return tool("cut_lammps_source.sh", source, out, *packages)
+
+
+def build(source: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    kokkos = tmp_path / "kokkos"  # empty: the build must stop before it is read
+    kokkos.mkdir(exist_ok=True)
+    return tool("build_lammps_kokkos.sh", source, kokkos, tmp_path / "prefix", "SERIAL")
+
+
+@pytest.mark.parametrize("top", ["", "lammps-22Jul2025"], ids=["debian", "release"])
+def test_cut_keeps_what_the_build_reads(tmp_path: Path, top: str) -> None:
+    out = tmp_path / "cut"
+    result = cut(source_tarball(tmp_path, top), out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in KEPT:
+        assert (out / name).read_text() == f"{name}\n", name
+    for name in DROPPED:
+        assert not (out / name).exists(), name
+    # the build script's own check lets it through (it stops later, at the empty Kokkos)
+    assert "has no" not in build(out, tmp_path).stderr
+
+
+def test_cut_stops_on_a_missing_package(tmp_path: Path) -> None:
+    result = cut(source_tarball(tmp_path, ""), tmp_path / "cut", "KOKKOS", "GPU")
+    assert result.returncode != 0
+    assert "no src/GPU" in result.stdout + result.stderr
+
+
+def test_cut_stops_on_what_is_no_lammps_source(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    result = cut(tmp_path / "empty", tmp_path / "cut")
+    assert result.returncode != 0
+    assert "no LAMMPS source" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("missing", ["doc/lammps.1", "src/fmt", "src/ML-SNAP"])
+def test_build_stops_at_once_without_a_part(tmp_path: Path, missing: str) -> None:
+    out = tmp_path / "cut"
+    assert cut(source_tarball(tmp_path, ""), out).returncode == 0
+    subprocess.run(["rm", "-r", str(out / missing)], check=True)
+    result = build(out, tmp_path)
+    assert result.returncode == 2
+    assert f"has no {missing}" in result.stderr
+    assert not (tmp_path / "prefix").exists()  # nothing started
+    assert not (out / "lib" / "kokkos").exists()
