@@ -9,6 +9,7 @@ failed in ``cmake --install``: the script now stops such a tree before it starts
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tarfile
 from pathlib import Path
@@ -31,11 +32,12 @@ KEPT = [
 DROPPED = ["doc/src/Manual.rst", "examples/melt/in.melt", "src/MANYBODY/pair_tersoff.cpp"]
 
 
-def source_tarball(tmp_path: Path, top: str) -> Path:
+def source_tarball(tmp_path: Path, top: str, files: dict[str, str] | None = None) -> Path:
     tree = tmp_path / "tree"
-    for name in KEPT + DROPPED:
+    files = {name: f"{name}\n" for name in KEPT + DROPPED} | (files or {})
+    for name, text in files.items():
         (tree / name).parent.mkdir(parents=True, exist_ok=True)
-        (tree / name).write_text(f"{name}\n")
+        (tree / name).write_text(text)
     tarball = tmp_path / "lammps.tar.gz"
     with tarfile.open(tarball, "w:gz") as archive:
         for path in sorted(tree.rglob("*")):
@@ -49,8 +51,10 @@ def tool(script: str, *args: Path | str) -> subprocess.CompletedProcess:
     return subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
 
 
-def cut(source: Path, out: Path, *packages: str) -> subprocess.CompletedProcess:
-    return tool("cut_lammps_source.sh", source, out, *packages)
+def cut(source: Path, out: Path, *packages: str, styles: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "KOKKOS_STYLES": styles} if styles else None
+    command = ["bash", str(TOOLS / "cut_lammps_source.sh"), *map(str, (source, out, *packages))]
+    return subprocess.run(command, check=False, capture_output=True, text=True, env=env)
 
 
 def build(source: Path, tmp_path: Path) -> subprocess.CompletedProcess:
@@ -95,3 +99,43 @@ def test_build_stops_at_once_without_a_part(tmp_path: Path, missing: str) -> Non
     assert f"has no {missing}" in result.stderr
     assert not (tmp_path / "prefix").exists()  # nothing started
     assert not (out / "lib" / "kokkos").exists()
+
+
+#: KOKKOS variants: of core styles (pair_born, pair_lj_cut, fix_nh: named in KOKKOS.cmake),
+#: of a package's style (pair_mliap) and of what is no style (atom_vec_atomic)
+VARIANTS = {
+    "src/pair_born.cpp": "",
+    "src/pair_lj_cut.cpp": "",
+    "src/fix_nh.cpp": "",
+    "src/atom_vec_atomic.cpp": "",
+    "src/ML-IAP/pair_mliap.cpp": "",
+    "cmake/Modules/Packages/KOKKOS.cmake": "set(S ${DIR}/kokkos.cpp ${DIR}/fix_nh_kokkos.cpp)\n",
+    **{
+        f"src/KOKKOS/{style}_kokkos.{ext}": f"// {style}\n"
+        for style in ("pair_born", "pair_lj_cut", "fix_nh", "atom_vec_atomic", "pair_mliap")
+        for ext in ("cpp", "h")
+    },
+}
+
+
+def test_cut_leaves_out_the_kokkos_variants_of_other_core_styles(tmp_path: Path) -> None:
+    out = tmp_path / "cut"
+    result = cut(source_tarball(tmp_path, "", VARIANTS), out, styles="pair_lj_cut")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "variants of 1 core styles" in result.stdout
+    kept = sorted(path.name for path in (out / "src" / "KOKKOS").glob("*_kokkos.cpp"))
+    assert kept == [
+        f"{style}_kokkos.cpp"
+        for style in ("atom_vec_atomic", "fix_nh", "pair_lj_cut", "pair_mliap")
+    ]
+    assert not (out / "src" / "KOKKOS" / "pair_born_kokkos.h").exists()
+    # without KOKKOS_STYLES every variant stays
+    assert cut(source_tarball(tmp_path, "", VARIANTS), out).returncode == 0
+    assert (out / "src" / "KOKKOS" / "pair_born_kokkos.h").exists()
+
+
+def test_cut_keeps_what_a_kept_variant_includes(tmp_path: Path) -> None:
+    files = VARIANTS | {"src/KOKKOS/pair_lj_cut_kokkos.cpp": '#include "pair_born_kokkos.h"\n'}
+    result = cut(source_tarball(tmp_path, "", files), tmp_path / "cut", styles="pair_lj_cut")
+    assert result.returncode == 1
+    assert "pair_lj_cut_kokkos.cpp includes pair_born_kokkos.h" in result.stdout
