@@ -120,7 +120,7 @@ VARIANTS = {
 
 def test_cut_leaves_out_the_kokkos_variants_of_other_core_styles(tmp_path: Path) -> None:
     out = tmp_path / "cut"
-    result = cut(source_tarball(tmp_path, "", VARIANTS), out, styles="pair_lj_cut")
+    result = cut(source_tarball(tmp_path, "", VARIANTS), out, styles="pair_zero\n  pair_lj_cut\n")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "variants of 1 core styles" in result.stdout
     kept = sorted(path.name for path in (out / "src" / "KOKKOS").glob("*_kokkos.cpp"))

@@ -52,7 +52,7 @@ if [ -n "${KOKKOS_STYLES:-}" ] && [ -d "$out/src/KOKKOS" ]; then
   cd "$out/src/KOKKOS"
   # named in KOKKOS.cmake (built whatever the styles), or kept by the caller
   keep=" $(grep -o '[a-z0-9_]*_kokkos\.cpp' ../../cmake/Modules/Packages/KOKKOS.cmake \
-          | sed 's/_kokkos\.cpp$//' | tr '\n' ' ') ${KOKKOS_STYLES} "
+          | sed 's/_kokkos\.cpp$//' | tr '\n' ' ') $(echo ${KOKKOS_STYLES}) "
   left_out=()
   for file in *_kokkos.cpp; do
     style=${file%_kokkos.cpp}
