@@ -19,6 +19,7 @@
 set -euo pipefail
 
 root=$(dirname "$(dirname "$(realpath "$0")")")
+[ $# -ge 2 ] || { sed -n '2,18p' "$0"; exit 2; }
 dir=$(realpath -m "$2")
 
 stage() {
@@ -76,5 +77,5 @@ build() {
 case ${1:-} in
   stage) stage "${@:3}" ;;
   build) build "${@:3}" ;;
-  *) sed -n '2,20p' "$0"; exit 2 ;;
+  *) sed -n '2,18p' "$0"; exit 2 ;;
 esac

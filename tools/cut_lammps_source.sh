@@ -19,7 +19,7 @@
 # Debian's 214 MB tarball gives 23 MB, 3.7 MB as `tar | xz -6`.
 set -euo pipefail
 
-[ $# -ge 2 ] || { sed -n '2,20p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,19p' "$0"; exit 2; }
 source=$(realpath "$1")
 out=$(realpath -m "$2")
 shift 2
