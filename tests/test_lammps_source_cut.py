@@ -10,6 +10,7 @@ failed in ``cmake --install``: the script now stops such a tree before it starts
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -46,15 +47,14 @@ def source_tarball(tmp_path: Path, top: str, files: dict[str, str] | None = None
     return tarball
 
 
-def tool(script: str, *args: Path | str) -> subprocess.CompletedProcess:
+def tool(script: str, *args: Path | str, env: dict | None = None) -> subprocess.CompletedProcess:
     command = ["bash", str(TOOLS / script), *map(str, args)]
-    return subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
+    return subprocess.run(command, check=False, capture_output=True, text=True, timeout=60, env=env)
 
 
 def cut(source: Path, out: Path, *packages: str, styles: str = "") -> subprocess.CompletedProcess:
     env = {**os.environ, "KOKKOS_STYLES": styles} if styles else None
-    command = ["bash", str(TOOLS / "cut_lammps_source.sh"), *map(str, (source, out, *packages))]
-    return subprocess.run(command, check=False, capture_output=True, text=True, env=env)
+    return tool("cut_lammps_source.sh", source, out, *packages, env=env)
 
 
 def build(source: Path, tmp_path: Path) -> subprocess.CompletedProcess:
@@ -93,7 +93,10 @@ def test_cut_stops_on_what_is_no_lammps_source(tmp_path: Path) -> None:
 def test_build_stops_at_once_without_a_part(tmp_path: Path, missing: str) -> None:
     out = tmp_path / "cut"
     assert cut(source_tarball(tmp_path, ""), out).returncode == 0
-    subprocess.run(["rm", "-r", str(out / missing)], check=True)
+    if (out / missing).is_dir():
+        shutil.rmtree(out / missing)
+    else:
+        (out / missing).unlink()
     result = build(out, tmp_path)
     assert result.returncode == 2
     assert f"has no {missing}" in result.stderr
