@@ -234,6 +234,8 @@ void NvalchemiLammps::compute_on_device(PythonSession &session, const DeviceStep
   put("periodic", Py_BuildValue("(NNN)", PyBool_FromLong(step.periodic[0]),
                                 PyBool_FromLong(step.periodic[1]),
                                 PyBool_FromLong(step.periodic[2])));
+  put("one_rank", PyBool_FromLong(step.one_rank));
+  put("owners", capsule(step.owners));
   Py_INCREF(comm.get());
   put("collectives", comm.get());
 

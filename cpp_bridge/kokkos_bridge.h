@@ -59,6 +59,12 @@ struct DeviceStep {
   DeviceArray charges;    // (ntotal,), or not given
   double cell[9];         // lattice vectors as rows
   int periodic[3];
+  // the only rank: every ghost is a periodic image of an atom owned here
+  bool one_rank;
+  // on the only rank, for the exchange strategy: (ntotal,) int64 owned row of each row, so
+  // that the exchanges gather and sum on the device without KOKKOS's communication; not
+  // given otherwise
+  DeviceArray owners;
 };
 
 struct DeviceResult {

@@ -9,7 +9,13 @@
    positions and atom IDs go to the model as DLPack views (kDLCPU on a host
    space, kDLCUDA on a GPU), and the model adds its forces (per-atom energies
    and virials when asked) into LAMMPS's device arrays. Ghost features move
-   through KOKKOS's pair communication with device buffers.
+   through KOKKOS's pair communication with device buffers, except on a
+   single rank: there every ghost is a periodic image of an owned atom, and
+   the model gathers (forward) and sums (reverse) rows by each row's owned
+   row, found once per neighbor-list build (build_owners), in one kernel per
+   exchange instead of a pack and an unpack per swap (and, with MPI not
+   GPU-aware, KOKKOS's reverse pair communication's copy of its whole buffer
+   to the host at each swap).
 
    Synchronization: LAMMPS's kernels (and the exchanges') run on Kokkos's
    default instance, a blocking CUDA stream that CUDA orders both ways against
@@ -33,12 +39,15 @@
 #include "neigh_request.h"
 #include "neighbor.h"
 #include "update.h"
+#include "utils.h"
 
 #include "kokkos_bridge.h"
 #include "python_bridge.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 using namespace LAMMPS_NS;
@@ -200,6 +209,12 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
   if (eflag_atom) step.atom_energies = describe<DeviceType>(k_eatom.template view<DeviceType>(), nlocal);
   if (vflag_atom) step.atom_virials = describe<DeviceType>(k_vatom.template view<DeviceType>(), ntotal);
   step.pair_virial = vflag_global && !vflag_fdotr;
+  step.one_rank = comm->nprocs == 1;
+  if (step.one_rank && gather_exchange && session->uses_exchange()) {
+    // ghosts change only at a neighbor-list build (a run's setup too)
+    if (neighbor->ncalls != owners_built || ntotal != owners_ntotal) build_owners(nlocal, ntotal);
+    step.owners = describe<DeviceType>(d_owners, ntotal);
+  }
   if (session->needs_positions()) {
     if (charged) step.charges = describe<DeviceType>(atomKK->k_q.view<DeviceType>(), ntotal);
     const double *h = domain->h;    // xprd yprd zprd yz xz xy
@@ -328,6 +343,33 @@ int64_t PairNvalchemiKokkos<DeviceType>::build_pairs(int nreceivers, int ntotal)
 }
 
 /* ----------------------------------------------------------------------
+   on the only rank, the owned row of every row (itself for owned rows): the
+   rows' indices carried to the ghosts by one forward exchange, as positions
+   travel (through intermediate ghosts)
+------------------------------------------------------------------------- */
+
+template <class DeviceType>
+void PairNvalchemiKokkos<DeviceType>::build_owners(int nlocal, int ntotal)
+{
+  if ((int) d_owners.extent(0) < ntotal) {
+    d_owners = t_index();
+    d_owners = t_index(Kokkos::view_alloc(Kokkos::WithoutInitializing, "nvalchemi:owners"),
+                       atom->nmax);
+  }
+  Kokkos::View<double *, DeviceType> origin(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "nvalchemi:origin"), std::max(ntotal, 1));
+  Kokkos::parallel_for(
+      Kokkos::RangePolicy<DeviceType>(0, nlocal), KOKKOS_LAMBDA(const int i) { origin(i) = i; });
+  if (ntotal > nlocal) exchange_on_device(origin.data(), ntotal, 1, true);
+  auto owners = d_owners;
+  Kokkos::parallel_for(
+      Kokkos::RangePolicy<DeviceType>(0, ntotal),
+      KOKKOS_LAMBDA(const int k) { owners(k) = static_cast<int64_t>(origin(k)); });
+  owners_built = neighbor->ncalls;
+  owners_ntotal = ntotal;
+}
+
+/* ----------------------------------------------------------------------
    the model runs where KOKKOS runs: on a GPU, the one holding this rank's
    arrays (Kokkos's choice under -k on g N), unless device names one
 ------------------------------------------------------------------------- */
@@ -366,6 +408,22 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::coeff(int narg
 template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::init_style()
 {
   PairNvalchemi::init_style();
+  // on one rank the exchanges gather by owned row; NVALCHEMI_KOKKOS_EXCHANGE=comm sends
+  // them through KOKKOS's communication there too (to compare the two)
+  const char *exchange = std::getenv("NVALCHEMI_KOKKOS_EXCHANGE");
+  const std::string mode = exchange ? exchange : "gather";
+  if (mode != "gather" && mode != "comm")
+    error->all(FLERR, "Pair style nvalchemi/kk: NVALCHEMI_KOKKOS_EXCHANGE must be gather or "
+                      "comm, not '{}'", mode);
+  gather_exchange = mode == "gather";
+  owners_built = -1;
+  if (comm->me == 0 && !exchange_reported && session->uses_exchange()) {
+    const bool gather = gather_exchange && comm->nprocs == 1;
+    utils::logmesg(lmp, "pair_style nvalchemi/kk: ghost features {}\n",
+                   gather ? "gathered from the atoms they image (one rank)"
+                          : "through KOKKOS's pair communication");
+    exchange_reported = true;
+  }
   auto request = neighbor->find_request(this);
   request->set_kokkos_host(std::is_same_v<DeviceType, LMPHostType> &&
                            !std::is_same_v<DeviceType, LMPDeviceType>);

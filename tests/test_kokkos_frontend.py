@@ -63,7 +63,7 @@ def _rank_arrays(system, cutoff: float):
     return graph, positions
 
 
-def _step(graph, positions, collectives, cell):
+def _step(graph, positions, collectives, cell, owners=None):
     arrays = {
         "positions": torch.from_numpy(positions.copy()),
         "tags": torch.from_numpy(graph.owner.astype(np.int32) + 1),
@@ -84,6 +84,8 @@ def _step(graph, positions, collectives, cell):
         cell=tuple(float(v) for v in cell.reshape(-1)),
         periodic=(True, True, True),
         collectives=collectives,
+        one_rank=True,
+        owners=None if owners is None else to_dlpack(torch.from_numpy(owners)),
     )
     return record, arrays
 
@@ -98,8 +100,11 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("exchange", ["gather", "comm"])
 @pytest.mark.parametrize("case", CASES)
-def test_one_rank_equals_reference(case, tmp_path):
+def test_one_rank_equals_reference(case, exchange, tmp_path):
+    """Both ways of exchanging on one rank: by the owned rows the pair style hands over
+    (``gather``, its default there), and through KOKKOS's communication (``comm``)."""
     make_system, make_potential, strategy = CASES[case]
     system = make_system()
     potential = make_potential(system)
@@ -107,7 +112,10 @@ def test_one_rank_equals_reference(case, tmp_path):
     session.set_strategy(strategy)
     graph, positions = _rank_arrays(system, potential.spec.cutoff)
     collectives = OneRank(graph.owner, graph.nlocal)
-    record, arrays = _step(graph, positions, collectives, system.cell)
+    owned_row = np.empty(len(system.species), dtype=np.int64)  # atom -> its owned row
+    owned_row[graph.owner[: graph.nlocal]] = np.arange(graph.nlocal)
+    owners = owned_row[graph.owner] if exchange == "gather" else None
+    record, arrays = _step(graph, positions, collectives, system.cell, owners)
 
     result = compute(session, record)
 
@@ -129,9 +137,9 @@ def test_one_rank_equals_reference(case, tmp_path):
             "virial_per_atom": (virials, ref.atom_virials),
         },
     )
-    exchanged = strategy == "exchange"
-    assert ("forward" in collectives.calls) == exchanged
-    assert ("reverse" in collectives.calls) == exchanged
+    through_comm = strategy == "exchange" and exchange == "comm"
+    assert ("forward" in collectives.calls) == through_comm
+    assert ("reverse" in collectives.calls) == through_comm
 
 
 def test_a_model_elsewhere_than_the_kokkos_arrays_is_refused():

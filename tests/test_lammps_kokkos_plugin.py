@@ -76,12 +76,12 @@ class KokkosLammps:
     plugin: Path
     env: dict[str, str]
 
-    def run(self, script: str, nprocs: int, workdir: Path):
+    def run(self, script: str, nprocs: int, workdir: Path, env: dict[str, str] | None = None):
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "in.lammps").write_text(f"plugin load {self.plugin}\n" + script)
         cmd = lammps_command(nprocs, self.lmp) + KOKKOS
         cmd += ["-in", "in.lammps", "-log", "log.lammps"]
-        return run_command(cmd, workdir, timeout=900, env=self.env)
+        return run_command(cmd, workdir, timeout=900, env={**self.env, **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -480,6 +480,51 @@ def test_md_equal_across_rank_counts(kokkos_lammps, mp_model, tmp_path):
             },
             tol=1e-10,
         )
+
+
+GATHERED = "pair_style nvalchemi/kk: ghost features gathered from the atoms they image"
+THROUGH_COMM = "pair_style nvalchemi/kk: ghost features through KOKKOS's pair communication"
+
+
+@pytest.mark.parametrize("model", ["mp_model", "mace_model"])
+def test_one_rank_gathers_ghost_features(kokkos_lammps, request, model, tmp_path):
+    """On one rank the ghost-feature exchanges gather and sum by each row's owned row
+    instead of going through KOKKOS's pair communication (which
+    ``NVALCHEMI_KOKKOS_EXCHANGE=comm`` keeps, and 2 ranks take): the same energies, forces
+    and virials by atom ID, both ways, for a model exchanging through the contract (the
+    message-passing model) and through mace-torch's ``LAMMPS_MP`` (MACE)."""
+    _, path = request.getfixturevalue(model)
+    data, _, _, species = _slab(tmp_path)
+    elements = "Ar Kr" if model == "mace_model" else "Ar Ne"
+    script = run0_header(str(data), "")
+    script += f"pair_style nvalchemi {path} strategy exchange\npair_coeff * * {elements}\n"
+    script += run0_evaluation("kk")
+    ids = np.arange(1, len(species) + 1)
+    runs = {}
+    for mode, nprocs, log in [
+        ("gather", 1, GATHERED),
+        ("comm", 1, THROUGH_COMM),
+        ("gather", 2, THROUGH_COMM),
+    ]:
+        work = tmp_path / f"{mode}-np{nprocs}"
+        run = kokkos_lammps.run(script, nprocs, work, {"NVALCHEMI_KOKKOS_EXCHANGE": mode}).check()
+        assert log in run.output, run.output[-3000:]
+        runs[mode, nprocs] = read_evaluation(work, run.output, "kk", ids)
+    for other in [("comm", 1), ("gather", 2)]:
+        label = f"kokkos-one-rank-gather/{model}/vs-{other[0]}-np{other[1]}"
+        assert_runs_agree(label, runs["gather", 1], runs[other], tol=1e-10, stress=True)
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_unknown_exchange_mode_stops_every_rank(kokkos_lammps, mp_model, nprocs, tmp_path):
+    data, *_ = _slab(tmp_path)
+    script = run0_header(str(data), f"processors 1 1 {nprocs}")
+    script += f"pair_style nvalchemi {mp_model[1]}\npair_coeff * * Ar Ne\n" + run0_evaluation("kk")
+    run = kokkos_lammps.run(script, nprocs, tmp_path, {"NVALCHEMI_KOKKOS_EXCHANGE": "host"})
+    case = BadInput(
+        "exchange_mode", ("NVALCHEMI_KOKKOS_EXCHANGE must be gather or comm, not 'host'",)
+    )
+    assert_clear_error(case, run)
 
 
 @pytest.mark.parametrize("nprocs", [1, 2])

@@ -34,6 +34,17 @@ def _exchanged(operation: Any, src: torch.Tensor) -> torch.Tensor:
     return rows.to(device=src.device, dtype=src.dtype).reshape(src.shape)
 
 
+def gathered(src: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The forward exchange by origin: row ``k`` of the result is ``src[rows[k]]``."""
+    return src.index_select(0, rows.to(src.device))
+
+
+def summed_into(src: torch.Tensor, rows: torch.Tensor, count: int) -> torch.Tensor:
+    """The reverse exchange by origin: ``count`` rows, row ``rows[k]`` the sum of every
+    ``src[k]`` that names it (rows named by none stay zero)."""
+    return src.new_zeros((count, *src.shape[1:])).index_add_(0, rows.to(src.device), src)
+
+
 def _summed(collectives: Any, x: torch.Tensor) -> torch.Tensor:
     values = x.detach().reshape(-1).to(device="cpu", dtype=torch.float64, copy=True)
     collectives.allreduce(memoryview(values.contiguous().numpy()))
@@ -112,17 +123,16 @@ class LammpsComm(AdjointComm):
         if plan.remote:
             sent = src.index_select(0, plan.send.to(src.device))
             rows = torch.cat((rows, self._transfer(sent, plan.nrecv, reverse=False)))
-        return rows.index_select(0, plan.gather.to(src.device))
+        return gathered(rows, plan.gather)
 
     def _reverse(self, src: torch.Tensor) -> torch.Tensor:
         plan = self.plan
         if plan is None:
             return _exchanged(self.collectives.reverse_exchange, src)
         if not plan.remote:  # every row's source is owned here; ghost rows end up zero
-            return torch.zeros_like(src).index_add_(0, plan.gather.to(src.device), src)
+            return summed_into(src, plan.gather, src.shape[0])
         rest = src.shape[1:]
-        summed = src.new_zeros((plan.nlocal + plan.nrecv, *rest))
-        summed.index_add_(0, plan.gather.to(src.device), src)
+        summed = summed_into(src, plan.gather, plan.nlocal + plan.nrecv)
         send = plan.send.to(src.device)
         owned = summed[: plan.nlocal].index_add(
             0, send, self._transfer(summed[plan.nlocal :], send.shape[0], reverse=True)

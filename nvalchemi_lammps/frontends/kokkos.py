@@ -9,7 +9,9 @@ style's Kokkos kernels take the pairs within the cutoff from KOKKOS's full neigh
 (cutoff plus skin) each step, with their ``rij`` and each atom's element; the forces (and
 per-atom energies and virials, when LAMMPS asks) are added into LAMMPS's own arrays in
 place. Nothing per atom or per pair goes through the host, except what LAMMPS's own host
-path for pair communication stages (docs/kokkos.md).
+path for pair communication stages (docs/kokkos.md). On a single rank the ghost-feature
+exchanges do not go through LAMMPS: every ghost is an image of an owned atom, and the pair
+style hands over each row's owned row with the step (:class:`KokkosComm`).
 
 The views are LAMMPS's memory: valid during the call only, never kept.
 
@@ -31,6 +33,7 @@ import torch
 
 from ..contract import AdjointComm, LocalGraph
 from ..engine import Evaluation, evaluate
+from ._lammps_comm import gathered, summed_into
 from ._streams import fence
 from .plugin import PluginSession
 
@@ -68,6 +71,10 @@ class KokkosStepRecord:
     :param cell: lattice vectors as rows, 9 values
     :param periodic: periodicity of each lattice direction
     :param collectives: the step's KOKKOS collectives (valid during the call only)
+    :param one_rank: this is the only rank (every ghost a periodic image of an owned atom)
+    :param owners: on the only rank, for the exchange strategy: ``(ntotal,)`` int64 owned
+        row of each row (itself for an owned row), kept by the pair style from one
+        neighbor-list build to the next; otherwise not given
     """
 
     nlocal: int
@@ -86,6 +93,8 @@ class KokkosStepRecord:
     cell: tuple[float, ...]
     periodic: tuple[bool, bool, bool]
     collectives: Any
+    one_rank: bool
+    owners: Any
 
 
 @dataclass(frozen=True)
@@ -110,27 +119,56 @@ class KokkosComm(AdjointComm):
     """Collectives of one ``pair_style nvalchemi/kk`` compute call: exchanges through
     KOKKOS's pair communication on arrays in the execution space's memory (passed by
     address, no copy to the host), sums over ranks through MPI on the host (a few values).
+    On the only rank, with ``owners``, the exchanges are a gather and a sum by owned row in
+    the tensor's own precision (one kernel, where KOKKOS packs and unpacks per swap), and
+    the sums over ranks the identity.
 
     :param collectives: the pair style's ``KokkosCollectives`` object
     :param device: where LAMMPS's KOKKOS arrays live (rows are exchanged there)
     :param exchange: ``False`` under the widened-shell strategy: the exchanges are the
         identity (the all-reduce stays real)
+    :param one_rank: this is the only rank
+    :param owners: on the only rank, the owned row of each row (:class:`KokkosStepRecord`)
     """
 
-    def __init__(self, collectives: Any, device: torch.device, exchange: bool = True) -> None:
+    def __init__(
+        self,
+        collectives: Any,
+        device: torch.device,
+        exchange: bool = True,
+        one_rank: bool = False,
+        owners: torch.Tensor | None = None,
+    ) -> None:
         self.collectives = collectives
         self.device = device
         self.exchange = exchange
+        self.one_rank = one_rank
+        self.owners = owners
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.one_rank else super().allreduce(x)
 
     def _forward(self, src: torch.Tensor) -> torch.Tensor:
+        if self.owners is not None:
+            return gathered(src, self.owners)
         return self._exchanged(self.collectives.forward_exchange, src)
 
     def _reverse(self, src: torch.Tensor) -> torch.Tensor:
+        if self.owners is not None:
+            return summed_into(src, self.owners, src.shape[0])
         return self._exchanged(self.collectives.reverse_exchange, src)
 
     def exchange_into(self, src: torch.Tensor, dst: torch.Tensor, forward: bool) -> None:
         if not self.exchange:
             dst.copy_(src)
+            return
+        owners = self.owners
+        if owners is not None:  # straight into dst (a new tensor, mace-torch's LAMMPS_MP)
+            with torch.no_grad():
+                if forward:
+                    torch.index_select(src, 0, owners, out=dst)
+                else:
+                    dst.zero_().index_add_(0, owners, src)
             return
         operation = (
             self.collectives.forward_exchange if forward else self.collectives.reverse_exchange
@@ -192,7 +230,13 @@ def compute(session: PluginSession, step: KokkosStepRecord) -> KokkosStepResult:
         pair_i,
         pair_j,
         rij,
-        KokkosComm(step.collectives, x.device, session.uses_exchange),
+        KokkosComm(
+            step.collectives,
+            x.device,
+            session.uses_exchange,
+            step.one_rank,
+            _view(step.owners),
+        ),
         total_charge=session.total_charge,
         spin=session.spin,
         task=session.task,
