@@ -26,6 +26,11 @@ first style's (docs/performance.md, round 16).
 
     python benchmarks/kokkos_fixed_cost.py DIR --lammps PREFIX --atoms 1000 20000 \\
         --styles kk mliap mace-torch --interleave --turns 6
+
+``--exchanges gather comm`` (with ``--interleave``) also runs this project's styles with
+``NVALCHEMI_LAMMPS_EXCHANGE=comm`` (``kk/comm``, ``mliap/comm``: every ghost-feature exchange
+through LAMMPS's communication, where one rank's default gathers by owned row), set in the
+process's environment before each ``pair_style`` command.
 """
 
 from __future__ import annotations
@@ -100,7 +105,7 @@ def script(
 
 def interleaved_script(
     data: Path,
-    pair_styles: dict[str, str],
+    pair_styles: dict[str, tuple[str, str]],
     model_file: Path,
     atoms: int,
     steps: int,
@@ -109,18 +114,27 @@ def interleaved_script(
     out: Path,
 ) -> str:
     """Every style in each turn, its order rotating, a warm-up run after each ``pair_style``
-    command; the bare model timed before the first turn and after each."""
+    command; the bare model timed before the first turn and after each. ``pair_styles``:
+    name -> (pair style, NVALCHEMI_LAMMPS_EXCHANGE), the setting made in the process's
+    environment before the style's ``pair_style`` command (both doors read it there)."""
     bare = bare_command(model_file, atoms, calls, "no", out)
     names = list(pair_styles)
-    first = pair_styles[names[0]]
+    first = pair_styles[names[0]][0]
     text = kl.md_script(data, first, "Ar Kr", "") + "thermo 0\nrun 5\n" + bare
     for turn in range(turns):
         for name in turn_order(names, turn):
+            pair_style, exchange = pair_styles[name]
+            setting = f"import os; os.environ['{EXCHANGE_ENV}'] = '{exchange}'"
             # none first: LAMMPS hands a repeated style's arguments to the pair it has
-            text += f"pair_style none\npair_style {pair_styles[name]}\npair_coeff * * Ar Kr\n"
+            text += f'python source here "{setting}"\n'
+            text += f"pair_style none\npair_style {pair_style}\npair_coeff * * Ar Kr\n"
             text += f"run {INTERLEAVE_WARMUP}\nrun {steps}\n"
         text += bare
     return text
+
+
+#: how the doors exchange ghost features on one rank (frontends/mliap.py, nvalchemi/kk)
+EXCHANGE_ENV = "NVALCHEMI_LAMMPS_EXCHANGE"
 
 
 #: untimed steps after each pair_style command of --interleave (the door's first steps
@@ -136,8 +150,10 @@ def measure_interleaved(
     steps: int,
     turns: int,
     calls: int,
+    exchanges: list[str],
 ) -> list[dict]:
-    """The eager ``styles`` in turns in one LAMMPS process; a row per style."""
+    """The eager ``styles`` in turns in one LAMMPS process; a row per style, and per each of
+    ``exchanges`` for the styles of this project's file (``STYLE/comm`` for ``comm``)."""
     pair_styles, rows = {}, []
     data, system = crystal(atoms, LATTICE["mace"], folder / f"bench{atoms}.data")
     ours = folder / "mace32_e3nn.pt"
@@ -146,7 +162,10 @@ def measure_interleaved(
         if mode != "no" or not door.kokkos:
             raise SystemExit(f"--interleave takes eager KOKKOS styles, not {style}")
         model_file = folder / "mace32_own.pt" if whose == "mace-torch" else ours
-        pair_styles[style] = door.pair_style(model_file, "cuda")
+        for exchange in exchanges if whose == "nvalchemi" else exchanges[:1]:
+            name = style if exchange == "gather" else f"{style}/{exchange}"
+            pair_styles[name] = (door.pair_style(model_file, "cuda"), exchange)
+    styles = list(pair_styles)
     workdir = folder / "runs" / "fixed" / f"{atoms}_interleaved"
     out = workdir / "bare_ms.txt"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -259,15 +278,30 @@ def main() -> int:
     parser.add_argument(
         "--interleave", action="store_true", help="the eager styles in turns in one process"
     )
+    parser.add_argument(
+        "--exchanges",
+        nargs="+",
+        choices=["gather", "comm"],
+        default=["gather"],
+        help=f"with --interleave: {EXCHANGE_ENV} settings to run this project's styles with",
+    )
     args = parser.parse_args()
     folder, lammps = args.dir.resolve(), kl.Lammps(args.lammps.resolve())
     rows = []
     if args.interleave:
         for atoms in args.atoms:
-            rows += measure_interleaved(
-                folder, lammps, atoms, args.styles, args.steps, args.turns, args.calls
+            turn = measure_interleaved(
+                folder,
+                lammps,
+                atoms,
+                args.styles,
+                args.steps,
+                args.turns,
+                args.calls,
+                args.exchanges,
             )
-            for row in rows[-len(args.styles) :]:
+            rows += turn
+            for row in turn:
                 if "error" in row:
                     print(f"{atoms:8d} atoms {row['style']:12s} failed: {row['error']}", flush=True)
                     continue

@@ -408,12 +408,12 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::coeff(int narg
 template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::init_style()
 {
   PairNvalchemi::init_style();
-  // on one rank the exchanges gather by owned row; NVALCHEMI_KOKKOS_EXCHANGE=comm sends
+  // on one rank the exchanges gather by owned row; NVALCHEMI_LAMMPS_EXCHANGE=comm sends
   // them through KOKKOS's communication there too (to compare the two)
-  const char *exchange = std::getenv("NVALCHEMI_KOKKOS_EXCHANGE");
+  const char *exchange = std::getenv("NVALCHEMI_LAMMPS_EXCHANGE");
   const std::string mode = exchange ? exchange : "gather";
   if (mode != "gather" && mode != "comm")
-    error->all(FLERR, "Pair style nvalchemi/kk: NVALCHEMI_KOKKOS_EXCHANGE must be gather or "
+    error->all(FLERR, "Pair style nvalchemi/kk: NVALCHEMI_LAMMPS_EXCHANGE must be gather or "
                       "comm, not '{}'", mode);
   gather_exchange = mode == "gather";
   owners_built = -1;

@@ -69,7 +69,7 @@ template <class DeviceType> class PairNvalchemiKokkos : public PairNvalchemi, pu
   t_index d_owners;             // build_owners(), kept until the next neighbor-list build
   bigint owners_built = -1;     // neighbor->ncalls when d_owners was built
   int owners_ntotal = -1;
-  bool gather_exchange = true;  // NVALCHEMI_KOKKOS_EXCHANGE (init_style)
+  bool gather_exchange = true;  // NVALCHEMI_LAMMPS_EXCHANGE (init_style)
   bool exchange_reported = false;
   DAT::tdual_double_1d k_eatom;
   DAT::tdual_double_2d_lr k_vatom;

@@ -490,7 +490,7 @@ THROUGH_COMM = "pair_style nvalchemi/kk: ghost features through KOKKOS's pair co
 def test_one_rank_gathers_ghost_features(kokkos_lammps, request, model, tmp_path):
     """On one rank the ghost-feature exchanges gather and sum by each row's owned row
     instead of going through KOKKOS's pair communication (which
-    ``NVALCHEMI_KOKKOS_EXCHANGE=comm`` keeps, and 2 ranks take): the same energies, forces
+    ``NVALCHEMI_LAMMPS_EXCHANGE=comm`` keeps, and 2 ranks take): the same energies, forces
     and virials by atom ID, both ways, for a model exchanging through the contract (the
     message-passing model) and through mace-torch's ``LAMMPS_MP`` (MACE)."""
     _, path = request.getfixturevalue(model)
@@ -507,7 +507,7 @@ def test_one_rank_gathers_ghost_features(kokkos_lammps, request, model, tmp_path
         ("gather", 2, THROUGH_COMM),
     ]:
         work = tmp_path / f"{mode}-np{nprocs}"
-        run = kokkos_lammps.run(script, nprocs, work, {"NVALCHEMI_KOKKOS_EXCHANGE": mode}).check()
+        run = kokkos_lammps.run(script, nprocs, work, {"NVALCHEMI_LAMMPS_EXCHANGE": mode}).check()
         assert log in run.output, run.output[-3000:]
         runs[mode, nprocs] = read_evaluation(work, run.output, "kk", ids)
     for other in [("comm", 1), ("gather", 2)]:
@@ -520,9 +520,9 @@ def test_unknown_exchange_mode_stops_every_rank(kokkos_lammps, mp_model, nprocs,
     data, *_ = _slab(tmp_path)
     script = run0_header(str(data), f"processors 1 1 {nprocs}")
     script += f"pair_style nvalchemi {mp_model[1]}\npair_coeff * * Ar Ne\n" + run0_evaluation("kk")
-    run = kokkos_lammps.run(script, nprocs, tmp_path, {"NVALCHEMI_KOKKOS_EXCHANGE": "host"})
+    run = kokkos_lammps.run(script, nprocs, tmp_path, {"NVALCHEMI_LAMMPS_EXCHANGE": "host"})
     case = BadInput(
-        "exchange_mode", ("NVALCHEMI_KOKKOS_EXCHANGE must be gather or comm, not 'host'",)
+        "exchange_mode", ("NVALCHEMI_LAMMPS_EXCHANGE must be gather or comm, not 'host'",)
     )
     assert_clear_error(case, run)
 

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -156,7 +157,9 @@ def mliap_world(
             data = KokkosExchangeData(state, WorldExchange(world.collectives(rank)))
         run_callbacks(models[rank], data, state, kokkos=kind != "cpu")
 
-    world.run(work)
+    # the ranks are threads of this process: the model counts them as MPI's ranks
+    with mock.patch.object(mliap, "_nranks", lambda: len(graphs)):
+        world.run(work)
     return states
 
 
@@ -366,7 +369,31 @@ def test_mliap_equals_plugin(model_files, model, kind, nranks, nslabs):
         exchanges = [[c for c in s.calls if "exchange" in c[0]] for s in states]
         assert all(e == exchanges[0] for e in exchanges)
         layers = potential.spec.layers  # forward after every layer but the first, and back
-        assert len(exchanges[0]) == 2 * (layers - 1)
+        # on one rank, only the rows' numbers: the model gathers by owned row
+        expected = 2 * (layers - 1) if nranks > 1 else min(layers - 1, 1)
+        assert len(exchanges[0]) == expected
+
+
+@pytest.mark.parametrize("model", ["mp", "mace"])
+def test_one_rank_exchanges_through_lammps_when_asked(model_files, model, monkeypatch):
+    """``NVALCHEMI_LAMMPS_EXCHANGE=comm``: on one rank too, every exchange goes through
+    ML-IAP (forward after each layer but the first, reverse in the backward pass), with the
+    same pair forces as the default gather; any other value than gather or comm stops."""
+    path = _path(model_files, model)
+    system = fcc_argon_222()
+    spec = open_session(str(path), 1).potential.spec
+    graphs = decompose(system, spec.cutoff, 1)
+    (gather,) = mliap_world(path, graphs, system.natoms, "kokkos-exchange")
+    monkeypatch.setenv("NVALCHEMI_LAMMPS_EXCHANGE", "comm")
+    (comm,) = mliap_world(path, graphs, system.natoms, "kokkos-exchange")
+    calls = [[c[0] for c in s.calls if "exchange" in c[0]] for s in (gather, comm)]
+    assert calls[0] == ["forward_exchange"]
+    between = spec.layers - 1
+    assert calls[1] == ["forward_exchange"] * between + ["reverse_exchange"] * between
+    assert_all_close(f"mliap-{model}-one-rank gather vs comm", {"fij": (gather.fij, comm.fij)})
+    monkeypatch.setenv("NVALCHEMI_LAMMPS_EXCHANGE", "host")
+    with pytest.raises(ValueError, match="NVALCHEMI_LAMMPS_EXCHANGE must be gather or comm"):
+        mliap_world(path, graphs, system.natoms, "kokkos-exchange")
 
 
 def test_fdotr_leaves_the_global_virial_to_lammps(model_files):
@@ -399,7 +426,9 @@ def test_rank_without_pairs(model_files, kind, nlocal, nghost):
         owner = np.zeros(nlocal + nghost, np.int64)
         data = KokkosExchangeData(state, SelfExchange(nlocal, owner))
     model = torch.load(path, weights_only=False)
-    run_callbacks(model, data, state, kokkos=kind != "cpu")
+    # one rank of several (on a single one, nothing would be exchanged)
+    with mock.patch.object(mliap, "_nranks", lambda: 2):
+        run_callbacks(model, data, state, kokkos=kind != "cpu")
     # LJ: nothing; the message-passing model: each owned atom's own element energy
     owned = 0.0 if state.eatoms is None else float(state.eatoms.sum())
     assert state.energy == state.eng_vdwl == pytest.approx(owned, rel=1e-14, abs=0.0)

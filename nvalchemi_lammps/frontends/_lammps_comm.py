@@ -45,6 +45,17 @@ def summed_into(src: torch.Tensor, rows: torch.Tensor, count: int) -> torch.Tens
     return src.new_zeros((count, *src.shape[1:])).index_add_(0, rows.to(src.device), src)
 
 
+def exchanged_into(src: torch.Tensor, dst: torch.Tensor, rows: torch.Tensor, forward: bool):
+    """:func:`gathered` (``forward``) or :func:`summed_into` of ``src``, written straight
+    into ``dst`` of its shape and dtype, outside autograd (:meth:`Comm.exchange_into
+    <nvalchemi_lammps.contract.Comm.exchange_into>`)."""
+    with torch.no_grad():
+        if forward:
+            torch.index_select(src, 0, rows.to(src.device), out=dst)
+        else:
+            dst.zero_().index_add_(0, rows.to(src.device), src)
+
+
 def _summed(collectives: Any, x: torch.Tensor) -> torch.Tensor:
     values = x.detach().reshape(-1).to(device="cpu", dtype=torch.float64, copy=True)
     collectives.allreduce(memoryview(values.contiguous().numpy()))

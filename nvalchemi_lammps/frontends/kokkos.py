@@ -33,7 +33,7 @@ import torch
 
 from ..contract import AdjointComm, LocalGraph
 from ..engine import Evaluation, evaluate
-from ._lammps_comm import gathered, summed_into
+from ._lammps_comm import exchanged_into, gathered, summed_into
 from ._streams import fence
 from .plugin import PluginSession
 
@@ -162,13 +162,8 @@ class KokkosComm(AdjointComm):
         if not self.exchange:
             dst.copy_(src)
             return
-        owners = self.owners
-        if owners is not None:  # straight into dst (a new tensor, mace-torch's LAMMPS_MP)
-            with torch.no_grad():
-                if forward:
-                    torch.index_select(src, 0, owners, out=dst)
-                else:
-                    dst.zero_().index_add_(0, owners, src)
+        if self.owners is not None:
+            exchanged_into(src, dst, self.owners, forward)
             return
         operation = (
             self.collectives.forward_exchange if forward else self.collectives.reverse_exchange

@@ -22,6 +22,7 @@ import torch
 from .._model_file import PickledRecord, load_model, model_record, potential_from_record
 from ..contract import AdjointComm, Comm, LocalGraph, Potential, resolve_strategy
 from ..engine import Evaluation, compile_potential, evaluate, potential_device
+from ._lammps_comm import exchanged_into, gathered, summed_into
 from ._streams import fence
 
 #: ML-IAP lists pairs closer than ``2 * rcutfac``: ``MLIAPDummyDescriptor::init``
@@ -36,6 +37,11 @@ NPARAMS = 1
 #: own: ``pair_style nvalchemi``'s ``compile MODE`` (unset or ``no``: eager), read at the
 #: first ``compute_forces``, so the same on every rank
 COMPILE_ENV = "NVALCHEMI_LAMMPS_COMPILE"
+#: How ghost features are exchanged on a single rank, where every ghost is an image of an
+#: owned atom: ``gather`` (unset: the default) by each row's owned row, found once per call
+#: by one exchange of the rows' numbers through ML-IAP; ``comm`` every exchange through
+#: ML-IAP (LAMMPS's communication), to compare. ``pair_style nvalchemi/kk`` reads it too.
+EXCHANGE_ENV = "NVALCHEMI_LAMMPS_EXCHANGE"
 #: Calls on which KOKKOS ML-IAP reallocated its per-pair arrays to exactly the step's pairs
 #: before :class:`_PairArrays` says what that costs and how to stop it.
 REALLOCATIONS_NOTED = 10
@@ -105,6 +111,12 @@ def _mpi_world() -> tuple[Any, Any, int, int] | None:
     return lib, world, rank.value, size.value
 
 
+def _nranks() -> int:
+    """The number of ranks, 1 without MPI."""
+    mpi = _mpi_world()
+    return 1 if mpi is None else mpi[3]
+
+
 def _rank() -> int:
     """This MPI rank, 0 without MPI (LAMMPS's screen is rank 0's)."""
     mpi = _mpi_world()
@@ -154,24 +166,60 @@ def _exchange_rows(exchange: Any, src: torch.Tensor, dst: torch.Tensor) -> None:
     fence(dst.device)
 
 
+def gather_on_one_rank() -> bool:
+    """What :data:`EXCHANGE_ENV` asks for: gather on a single rank (the default)."""
+    mode = os.environ.get(EXCHANGE_ENV, "gather")
+    if mode not in ("gather", "comm"):
+        raise ValueError(f"{EXCHANGE_ENV} must be gather or comm, not '{mode}'")
+    return mode == "gather"
+
+
 class MliapComm(AdjointComm):
     """The contract's collectives over ML-IAP's ``forward_exchange``/``reverse_exchange``.
+    With ``gather`` (a single rank) the first exchange of a call sends the rows' numbers
+    instead, from which every exchange of the call gathers and sums by owned row on the
+    tensors' device: one exchange per call through LAMMPS however many the model makes
+    (a message-passing model's reverse ones in its backward pass included).
 
     :param data: ML-IAP's data object of this call
     :param exchange: ``False`` for a strictly local model: the exchanges are the identity
+    :param gather: this is the only rank, and :data:`EXCHANGE_ENV` does not say ``comm``
     """
 
-    def __init__(self, data: Any, exchange: bool) -> None:
+    def __init__(self, data: Any, exchange: bool, gather: bool = False) -> None:
         self.data = data
         self.exchange = exchange
+        self.gather = gather
+        self._owners: torch.Tensor | None = None
+
+    def owners(self, device: torch.device) -> torch.Tensor | None:
+        """Each row's owned row (itself for an owned row) when gathering, else ``None``."""
+        if not self.gather:
+            return None
+        if self._owners is None:
+            rows = torch.arange(int(self.data.ntotal), dtype=torch.float64, device=device)
+            if len(rows):  # ML-IAP's views cannot have zero length
+                rows = _exchanged(self.data.forward_exchange, rows[:, None])[:, 0]
+            self._owners = rows.long()
+        return self._owners
 
     def _forward(self, src: torch.Tensor) -> torch.Tensor:
+        owners = self.owners(src.device)
+        if owners is not None:
+            return gathered(src, owners)
         return _exchanged(self.data.forward_exchange, src)
 
     def _reverse(self, src: torch.Tensor) -> torch.Tensor:
+        owners = self.owners(src.device)
+        if owners is not None:
+            return summed_into(src, owners, src.shape[0])
         return _exchanged(self.data.reverse_exchange, src)
 
     def exchange_into(self, src: torch.Tensor, dst: torch.Tensor, forward: bool) -> None:
+        owners = self.owners(src.device) if self.exchange else None
+        if owners is not None:
+            exchanged_into(src, dst, owners, forward)
+            return
         exchange = self.data.forward_exchange if forward else self.data.reverse_exchange
         direct = (
             self.exchange
@@ -315,6 +363,7 @@ class MLIAPModel(MLIAPUnified):
         self._in_flight: torch.Tensor | None = None
         self._evaluations = 0  # compute_forces calls, for the messages
         self._pair_arrays = _PairArrays()
+        self._gather: bool | None = None  # MliapComm's gather, decided at the first call
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
         return PickledRecord(model_record(self.potential)).__reduce__()
@@ -429,4 +478,6 @@ class MLIAPModel(MLIAPUnified):
                 f"ML-IAP cannot exchange: it needs {EXCHANGE_BUILD}; or run the model with "
                 "pair_style nvalchemi"
             )
-        return MliapComm(data, exchange=strategy.exchange)
+        if self._gather is None:  # the rank count and environment hold for the whole run
+            self._gather = _nranks() == 1 and gather_on_one_rank()
+        return MliapComm(data, strategy.exchange, strategy.exchange and self._gather)
