@@ -15,6 +15,9 @@ communication, ~0.3-0.5 ms of host time on the H200 by ``kokkos_lammps.py bench
 --profile``) comes on top.
 
     python benchmarks/kokkos_step_cost.py DIR --device cuda --atoms 864 19652
+
+``--exchange comm``: the exchanges through the collectives (a stand-in for KOKKOS's, in
+torch) instead of the owned rows the pair style hands over on one rank.
 """
 
 from __future__ import annotations
@@ -115,7 +118,11 @@ def rank_arrays(system: dict, cutoff: float, device: str) -> tuple[dict, int, in
     return {k: v.to(device) for k, v in arrays.items()}, nlocal, len(rows)
 
 
-def record(arrays: dict, nlocal: int, ntotal: int, cell: np.ndarray, collectives):
+def record(
+    arrays: dict, nlocal: int, ntotal: int, cell: np.ndarray, collectives, gather: bool = True
+):
+    """The step as the pair style hands it over on one rank; ``gather``: with each row's
+    owned row (its default there), else every exchange through ``collectives``."""
     capsules = {k: to_dlpack(arrays[k]) for k in arrays if k != "source"}
     return KokkosStepRecord(
         nlocal=nlocal,
@@ -128,6 +135,8 @@ def record(arrays: dict, nlocal: int, ntotal: int, cell: np.ndarray, collectives
         cell=tuple(float(v) for v in cell.reshape(-1)),
         periodic=(True, True, True),
         collectives=collectives,
+        one_rank=True,
+        owners=to_dlpack(arrays["source"]) if gather else None,
     )
 
 
@@ -138,7 +147,13 @@ def aten_ops(call) -> int:
 
 
 def measure(
-    model_file: Path, atoms: int, device: str, calls: int, warmup: int, mode: str = "no"
+    model_file: Path,
+    atoms: int,
+    device: str,
+    calls: int,
+    warmup: int,
+    mode: str = "no",
+    gather: bool = True,
 ) -> dict:
     _, system = crystal(atoms, LATTICE["mace"], Path("/tmp") / f"cost{atoms}.data")
     session = PluginSession(str(model_file), 1, device)
@@ -161,7 +176,7 @@ def measure(
 
     def step() -> None:
         arrays["forces"].zero_()  # LAMMPS clears its forces before the pair style
-        compute(session, record(arrays, nlocal, ntotal, system["cell"], collectives))
+        compute(session, record(arrays, nlocal, ntotal, system["cell"], collectives, gather))
 
     times: dict[str, list[float]] = {"model": [], "step": []}
     for k in range(warmup + calls):
@@ -204,12 +219,25 @@ def main() -> int:
     parser.add_argument(
         "--compile", default="no", help="a torch.compile mode for both (pair_style's compile)"
     )
+    parser.add_argument(
+        "--exchange",
+        choices=["gather", "comm"],
+        default="gather",
+        help="one rank's exchanges by owned row (the pair style's default), or through the "
+        "collectives (NVALCHEMI_LAMMPS_EXCHANGE=comm)",
+    )
     args = parser.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(1)  # as a LAMMPS rank
     for atoms in args.atoms:
         row = measure(
-            args.dir / args.model, atoms, args.device, args.calls, args.warmup, args.compile
+            args.dir / args.model,
+            atoms,
+            args.device,
+            args.calls,
+            args.warmup,
+            args.compile,
+            args.exchange == "gather",
         )
         print(
             f"{row['atoms']:8d} atoms ({row['ghosts']} ghosts, {row['pairs']} pairs): "
