@@ -137,6 +137,8 @@ def record(
         collectives=collectives,
         one_rank=True,
         owners=to_dlpack(arrays["source"]) if gather else None,
+        send_rows=None,
+        nrecv=0,
     )
 
 

@@ -154,6 +154,12 @@ PyObject *allreduce(PyObject *self, PyObject *args)
   Py_RETURN_NONE;
 }
 
+PyObject *transfer(PyObject *self, PyObject *args)
+{
+  DeviceCollectives *target = live_target(self);
+  return target ? call_transfer(target, args) : nullptr;
+}
+
 PyObject *ntotal(PyObject *self, PyObject *)
 {
   DeviceCollectives *target = live_target(self);
@@ -170,6 +176,9 @@ PyMethodDef collectives_methods[] = {
      "and zeroed, in place"},
     {"allreduce", allreduce, METH_VARARGS,
      "allreduce(values): in-place sum over all ranks of a float64 host buffer"},
+    {"transfer", transfer, METH_VARARGS,
+     "transfer(send, recv, width, reverse): the plan's rows between ranks, on host buffers "
+     "(as pair_style nvalchemi's collectives)"},
     {"ntotal", ntotal, METH_NOARGS, "number of owned + ghost rows"},
     {nullptr, nullptr, 0, nullptr}};
 
@@ -236,6 +245,8 @@ void NvalchemiLammps::compute_on_device(PythonSession &session, const DeviceStep
                                 PyBool_FromLong(step.periodic[2])));
   put("one_rank", PyBool_FromLong(step.one_rank));
   put("owners", capsule(step.owners));
+  put("send_rows", capsule(step.send_rows));
+  put("nrecv", PyLong_FromLong(step.nrecv));
   Py_INCREF(comm.get());
   put("collectives", comm.get());
 

@@ -8,6 +8,8 @@
 #ifndef NVALCHEMI_KOKKOS_BRIDGE_H
 #define NVALCHEMI_KOKKOS_BRIDGE_H
 
+#include "python_bridge.h"
+
 #include <cstdint>
 
 namespace NvalchemiLammps {
@@ -29,10 +31,10 @@ struct DeviceArray {
 };
 
 // KOKKOS's communication as the model sees it, on (nrows, width) float64 arrays in the
-// execution space's memory (rows as LAMMPS orders atoms: owned first, then ghosts)
-class DeviceCollectives {
+// execution space's memory (rows as LAMMPS orders atoms: owned first, then ghosts);
+// transfer() by the exchange plan of DeviceStep::owners, on host buffers
+class DeviceCollectives : public PlanTransfer {
  public:
-  virtual ~DeviceCollectives() = default;
   virtual int ntotal() const = 0;
   // ghost rows take their owner's row (forward), or are summed into it and zeroed (reverse)
   virtual void exchange(double *rows, int nrows, int width, bool forward) = 0;
@@ -61,10 +63,13 @@ struct DeviceStep {
   int periodic[3];
   // the only rank: every ghost is a periodic image of an atom owned here
   bool one_rank;
-  // on the only rank, for the exchange strategy: (ntotal,) int64 owned row of each row, so
-  // that the exchanges gather and sum on the device without KOKKOS's communication; not
-  // given otherwise
+  // the exchange plan (strategy exchange, on the only rank, or on several when KOKKOS
+  // stages pair communication through the host; not given otherwise): (ntotal,) int64,
+  // the row of [owned rows, rows received by transfer()] each row copies, and on several
+  // ranks (nsend,) int64 owned rows the others receive, and the count received
   DeviceArray owners;
+  DeviceArray send_rows;
+  int nrecv;
 };
 
 struct DeviceResult {

@@ -433,7 +433,6 @@ void PairNvalchemi::build_exchange_plan()
 {
   const int nlocal = atom->nlocal;
   const int ntotal = nlocal + atom->nghost;
-  const int nprocs = comm->nprocs;
 
   // every row's origin (rank, owned row there), carried to the ghosts by LAMMPS's
   // forward communication exactly as positions travel (through intermediate ghosts)
@@ -443,6 +442,20 @@ void PairNvalchemi::build_exchange_plan()
     origin[2 * i + 1] = i;
   }
   forward_exchange(origin.data(), 2);
+  plan_from_origins(origin.data(), owner);
+}
+
+/* ----------------------------------------------------------------------
+   the exchange plan from every row's origin (rank, owned row there; two
+   values a row): source[k] the row of [owned rows, received rows] row k
+   copies; send_rows, send_counts, recv_counts, nreceived. Collective.
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::plan_from_origins(const double *origin, bigint *source)
+{
+  const int nlocal = atom->nlocal;
+  const int ntotal = nlocal + atom->nghost;
+  const int nprocs = comm->nprocs;
 
   // remote origins: one slot per distinct atom, numbered per rank, then ranks in order
   std::vector<std::unordered_map<bigint, int>> slot(nprocs);
@@ -452,12 +465,12 @@ void PairNvalchemi::build_exchange_plan()
     const int rank = static_cast<int>(origin[2 * k]);
     const auto row = static_cast<bigint>(origin[2 * k + 1]);
     if (rank == comm->me) {
-      owner[k] = row;
+      source[k] = row;
       continue;
     }
     const auto added = slot[rank].emplace(row, static_cast<int>(wanted[rank].size()));
     if (added.second) wanted[rank].push_back(row);
-    owner[k] = added.first->second;
+    source[k] = added.first->second;
     from[k] = rank;
   }
   std::vector<int> first(nprocs + 1, 0);
@@ -468,7 +481,7 @@ void PairNvalchemi::build_exchange_plan()
   }
   nreceived = first[nprocs];
   for (int k = 0; k < ntotal; k++)
-    if (from[k] != comm->me) owner[k] += nlocal + first[from[k]];
+    if (from[k] != comm->me) source[k] += nlocal + first[from[k]];
 
   // tell each rank which of its atoms this one receives
   send_counts.assign(nprocs, 0);

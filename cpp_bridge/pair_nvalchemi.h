@@ -100,6 +100,7 @@ class PairNvalchemi : public Pair {
   void grow_buffers(int natoms, int npairs);
   void build_topology();
   void build_exchange_plan();
+  void plan_from_origins(const double *origin, bigint *source);
   int pairs_in_cutoff();
 };
 

@@ -9,13 +9,17 @@
    positions and atom IDs go to the model as DLPack views (kDLCPU on a host
    space, kDLCUDA on a GPU), and the model adds its forces (per-atom energies
    and virials when asked) into LAMMPS's device arrays. Ghost features move
-   through KOKKOS's pair communication with device buffers, except on a
-   single rank: there every ghost is a periodic image of an owned atom, and
-   the model gathers (forward) and sums (reverse) rows by each row's owned
-   row, found once per neighbor-list build (build_owners), in one kernel per
-   exchange instead of a pack and an unpack per swap (and, with MPI not
-   GPU-aware, KOKKOS's reverse pair communication's copy of its whole buffer
-   to the host at each swap).
+   by pair_style nvalchemi's exchange plan, made at each neighbor-list build
+   (build_plan), wherever KOKKOS's pair communication does more: on a single
+   rank every ghost is a periodic image of an owned atom, and the model
+   gathers (forward) and sums (reverse) rows by owned row in one kernel per
+   exchange, instead of a pack and an unpack per swap (and, with MPI not
+   GPU-aware, a copy of KOKKOS's whole pair buffer to the host at each swap
+   of a reverse exchange); on several ranks, when KOKKOS stages pair
+   communication through the host (MPI not GPU-aware), only the rows of
+   remote atoms cross, once each, in the model's precision, instead of every
+   row as float64 both ways. Otherwise (several ranks, MPI GPU-aware) ghost
+   features go through KOKKOS's pair communication with device buffers.
 
    Synchronization: LAMMPS's kernels (and the exchanges') run on Kokkos's
    default instance, a blocking CUDA stream that CUDA orders both ways against
@@ -49,6 +53,8 @@
 #include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 using namespace LAMMPS_NS;
 using NvalchemiLammps::DeviceArray;
@@ -123,6 +129,12 @@ template <class DeviceType> class KokkosCollectives : public DeviceCollectives {
   void exchange(double *rows, int nrows, int width, bool forward) override
   {
     pair->exchange_on_device(rows, nrows, width, forward);
+  }
+  int nsend() const override { return pair->nsend(); }
+  int nrecv() const override { return pair->nrecv(); }
+  void transfer(const void *send, void *recv, int width, bool single, bool reverse) override
+  {
+    pair->transfer(send, recv, width, single, reverse);
   }
   void allreduce(double *values, int count) override
   {
@@ -210,10 +222,17 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
   if (vflag_atom) step.atom_virials = describe<DeviceType>(k_vatom.template view<DeviceType>(), ntotal);
   step.pair_virial = vflag_global && !vflag_fdotr;
   step.one_rank = comm->nprocs == 1;
-  if (step.one_rank && gather_exchange && session->uses_exchange()) {
-    // ghosts change only at a neighbor-list build (a run's setup too)
-    if (neighbor->ncalls != owners_built || ntotal != owners_ntotal) build_owners(nlocal, ntotal);
+  if (uses_plan()) {
+    // ghosts change only at a neighbor-list build (a run's setup too), on every rank at
+    // once: making the plan is collective
+    if (neighbor->ncalls != plan_built)
+      build_plan(nlocal, ntotal);
+    else if (ntotal != plan_ntotal)
+      error->one(FLERR, "Pair style nvalchemi/kk: the ghost atoms changed without a "
+                        "neighbor-list build");
     step.owners = describe<DeviceType>(d_owners, ntotal);
+    step.send_rows = describe<DeviceType>(d_send_rows, nsend());
+    step.nrecv = nrecv();
   }
   if (session->needs_positions()) {
     if (charged) step.charges = describe<DeviceType>(atomKK->k_q.view<DeviceType>(), ntotal);
@@ -343,30 +362,62 @@ int64_t PairNvalchemiKokkos<DeviceType>::build_pairs(int nreceivers, int ntotal)
 }
 
 /* ----------------------------------------------------------------------
-   on the only rank, the owned row of every row (itself for owned rows): the
-   rows' indices carried to the ghosts by one forward exchange, as positions
-   travel (through intermediate ghosts)
+   the exchanges go by the exchange plan (strategy exchange) on one rank, and
+   on several when KOKKOS stages pair communication through the host: the
+   same answer on every rank (LAMMPS's settings, the environment)
+------------------------------------------------------------------------- */
+
+template <class DeviceType> bool PairNvalchemiKokkos<DeviceType>::uses_plan() const
+{
+  const bool host_comm =
+      lmp->kokkos->forward_pair_comm_legacy || lmp->kokkos->reverse_pair_comm_legacy;
+  return session->uses_exchange() && plan_exchange && (comm->nprocs == 1 || host_comm);
+}
+
+/* ----------------------------------------------------------------------
+   the exchange plan (PairNvalchemi::plan_from_origins) into d_owners and
+   d_send_rows: every row's origin (rank, owned row there) carried to the
+   ghosts by one forward exchange, as positions travel (through intermediate
+   ghosts). On one rank that is the whole plan, made on the device.
 ------------------------------------------------------------------------- */
 
 template <class DeviceType>
-void PairNvalchemiKokkos<DeviceType>::build_owners(int nlocal, int ntotal)
+void PairNvalchemiKokkos<DeviceType>::build_plan(int nlocal, int ntotal)
 {
   if ((int) d_owners.extent(0) < ntotal) {
     d_owners = t_index();
     d_owners = t_index(Kokkos::view_alloc(Kokkos::WithoutInitializing, "nvalchemi:owners"),
                        atom->nmax);
   }
-  Kokkos::View<double *, DeviceType> origin(
+  Kokkos::View<double *[2], Kokkos::LayoutRight, DeviceType> origin(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "nvalchemi:origin"), std::max(ntotal, 1));
+  const double me = comm->me;
   Kokkos::parallel_for(
-      Kokkos::RangePolicy<DeviceType>(0, nlocal), KOKKOS_LAMBDA(const int i) { origin(i) = i; });
-  if (ntotal > nlocal) exchange_on_device(origin.data(), ntotal, 1, true);
-  auto owners = d_owners;
-  Kokkos::parallel_for(
-      Kokkos::RangePolicy<DeviceType>(0, ntotal),
-      KOKKOS_LAMBDA(const int k) { owners(k) = static_cast<int64_t>(origin(k)); });
-  owners_built = neighbor->ncalls;
-  owners_ntotal = ntotal;
+      Kokkos::RangePolicy<DeviceType>(0, nlocal), KOKKOS_LAMBDA(const int i) {
+        origin(i, 0) = me;
+        origin(i, 1) = i;
+      });
+  if (ntotal > nlocal) exchange_on_device(origin.data(), ntotal, 2, true);
+  if (comm->nprocs == 1) {
+    auto owners = d_owners;
+    Kokkos::parallel_for(
+        Kokkos::RangePolicy<DeviceType>(0, ntotal),
+        KOKKOS_LAMBDA(const int k) { owners(k) = static_cast<int64_t>(origin(k, 1)); });
+  } else {
+    typedef Kokkos::View<int64_t *, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> t_host_index;
+    auto h_origin = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), origin);
+    std::vector<bigint> source(std::max(ntotal, 1));
+    plan_from_origins(h_origin.data(), source.data());
+    Kokkos::deep_copy(Kokkos::subview(d_owners, std::make_pair(0, ntotal)),
+                      t_host_index(source.data(), ntotal));
+    if ((int64_t) d_send_rows.extent(0) < (int64_t) send_rows.size())
+      d_send_rows = t_index(Kokkos::view_alloc(Kokkos::WithoutInitializing, "nvalchemi:send"),
+                            send_rows.size() + send_rows.size() / 4);
+    Kokkos::deep_copy(Kokkos::subview(d_send_rows, std::make_pair(size_t(0), send_rows.size())),
+                      t_host_index(send_rows.data(), send_rows.size()));
+  }
+  plan_built = neighbor->ncalls;
+  plan_ntotal = ntotal;
 }
 
 /* ----------------------------------------------------------------------
@@ -408,20 +459,22 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::coeff(int narg
 template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::init_style()
 {
   PairNvalchemi::init_style();
-  // on one rank the exchanges gather by owned row; NVALCHEMI_LAMMPS_EXCHANGE=comm sends
-  // them through KOKKOS's communication there too (to compare the two)
+  // NVALCHEMI_LAMMPS_EXCHANGE=comm: every exchange through KOKKOS's communication, where
+  // the exchange plan would be used (to compare the two)
   const char *exchange = std::getenv("NVALCHEMI_LAMMPS_EXCHANGE");
   const std::string mode = exchange ? exchange : "gather";
   if (mode != "gather" && mode != "comm")
     error->all(FLERR, "Pair style nvalchemi/kk: NVALCHEMI_LAMMPS_EXCHANGE must be gather or "
                       "comm, not '{}'", mode);
-  gather_exchange = mode == "gather";
-  owners_built = -1;
+  plan_exchange = mode == "gather";
+  plan_built = -1;
   if (comm->me == 0 && !exchange_reported && session->uses_exchange()) {
-    const bool gather = gather_exchange && comm->nprocs == 1;
-    utils::logmesg(lmp, "pair_style nvalchemi/kk: ghost features {}\n",
-                   gather ? "gathered from the atoms they image (one rank)"
-                          : "through KOKKOS's pair communication");
+    std::string how = "through KOKKOS's pair communication";
+    if (uses_plan())
+      how = comm->nprocs == 1 ? "gathered from the atoms they image (one rank)"
+                              : "by the exchange plan: remote atoms' rows once each, "
+                                "through the host";
+    utils::logmesg(lmp, "pair_style nvalchemi/kk: ghost features {}\n", how);
     exchange_reported = true;
   }
   auto request = neighbor->find_request(this);

@@ -40,8 +40,9 @@ template <class DeviceType> class PairNvalchemiKokkos : public PairNvalchemi, pu
   // this step's pairs within the cutoff into d_pair_i, d_pair_j, d_rij; their number
   // (public: CUDA's extended lambdas need a public enclosing function)
   int64_t build_pairs(int nreceivers, int ntotal);
-  // on the only rank: the owned row of every row into d_owners (exchange strategy)
-  void build_owners(int nlocal, int ntotal);
+  // the exchange plan into d_owners, d_send_rows (exchange strategy; uses_plan())
+  void build_plan(int nlocal, int ntotal);
+  bool uses_plan() const;
 
   // ghost rows of a (nrows, width) float64 array in the execution space's memory take
   // their owners' rows (forward), or are summed into them and zeroed (reverse)
@@ -66,10 +67,10 @@ template <class DeviceType> class PairNvalchemiKokkos : public PairNvalchemi, pu
   t_index d_counts;     // per list row: its pairs, then the first of them
   t_index d_pair_i, d_pair_j;
   t_vectors d_rij;
-  t_index d_owners;             // build_owners(), kept until the next neighbor-list build
-  bigint owners_built = -1;     // neighbor->ncalls when d_owners was built
-  int owners_ntotal = -1;
-  bool gather_exchange = true;  // NVALCHEMI_LAMMPS_EXCHANGE (init_style)
+  t_index d_owners, d_send_rows;  // build_plan(), kept until the next neighbor-list build
+  bigint plan_built = -1;         // neighbor->ncalls when they were built
+  int plan_ntotal = -1;
+  bool plan_exchange = true;      // NVALCHEMI_LAMMPS_EXCHANGE (init_style)
   bool exchange_reported = false;
   DAT::tdual_double_1d k_eatom;
   DAT::tdual_double_2d_lr k_vatom;

@@ -247,33 +247,8 @@ bool get_values(PyObject *obj, Py_buffer *view, int flags, Py_ssize_t count, boo
 
 PyObject *transfer(PyObject *self, PyObject *args)
 {
-  PyObject *send_obj, *recv_obj;
-  int width, reverse;
-  if (!PyArg_ParseTuple(args, "OOip", &send_obj, &recv_obj, &width, &reverse)) return nullptr;
   Collectives *target = live_target(self);
-  if (!target) return nullptr;
-  if (width < 1) return PyErr_Format(PyExc_ValueError, "transfer width must be >= 1, got %d", width);
-  const Py_ssize_t out = reverse ? target->nrecv() : target->nsend();
-  const Py_ssize_t in = reverse ? target->nsend() : target->nrecv();
-  Py_buffer send, recv;
-  bool send_single = false, recv_single = false;
-  if (!get_values(send_obj, &send, PyBUF_SIMPLE, out * width, &send_single)) return nullptr;
-  if (!get_values(recv_obj, &recv, PyBUF_WRITABLE, in * width, &recv_single)) {
-    PyBuffer_Release(&send);
-    return nullptr;
-  }
-  if (send_single != recv_single) {
-    PyBuffer_Release(&send);
-    PyBuffer_Release(&recv);
-    PyErr_SetString(PyExc_TypeError, "LAMMPS transfer buffers differ in precision");
-    return nullptr;
-  }
-  Py_BEGIN_ALLOW_THREADS;
-  target->transfer(send.buf, recv.buf, width, send_single, reverse != 0);
-  Py_END_ALLOW_THREADS;
-  PyBuffer_Release(&send);
-  PyBuffer_Release(&recv);
-  Py_RETURN_NONE;
+  return target ? call_transfer(target, args) : nullptr;
 }
 
 PyObject *ntotal(PyObject *self, PyObject *)
@@ -314,6 +289,37 @@ PyObject *collectives_type()
 }
 
 }    // namespace
+
+/* ---------------------------------------------------------------------- */
+
+PyObject *NvalchemiLammps::call_transfer(PlanTransfer *target, PyObject *args)
+{
+  PyObject *send_obj, *recv_obj;
+  int width, reverse;
+  if (!PyArg_ParseTuple(args, "OOip", &send_obj, &recv_obj, &width, &reverse)) return nullptr;
+  if (width < 1) return PyErr_Format(PyExc_ValueError, "transfer width must be >= 1, got %d", width);
+  const Py_ssize_t out = reverse ? target->nrecv() : target->nsend();
+  const Py_ssize_t in = reverse ? target->nsend() : target->nrecv();
+  Py_buffer send, recv;
+  bool send_single = false, recv_single = false;
+  if (!get_values(send_obj, &send, PyBUF_SIMPLE, out * width, &send_single)) return nullptr;
+  if (!get_values(recv_obj, &recv, PyBUF_WRITABLE, in * width, &recv_single)) {
+    PyBuffer_Release(&send);
+    return nullptr;
+  }
+  if (send_single != recv_single) {
+    PyBuffer_Release(&send);
+    PyBuffer_Release(&recv);
+    PyErr_SetString(PyExc_TypeError, "LAMMPS transfer buffers differ in precision");
+    return nullptr;
+  }
+  Py_BEGIN_ALLOW_THREADS;
+  target->transfer(send.buf, recv.buf, width, send_single, reverse != 0);
+  Py_END_ALLOW_THREADS;
+  PyBuffer_Release(&send);
+  PyBuffer_Release(&recv);
+  Py_RETURN_NONE;
+}
 
 /* ---------------------------------------------------------------------- */
 

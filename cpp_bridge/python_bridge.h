@@ -37,11 +37,23 @@ class PythonError : public std::runtime_error {
 // the pending Python exception as a PythonError (for the other bridge files); call with the GIL
 [[noreturn]] void raise_pending_python_error(const std::string &context);
 
-// LAMMPS's communication as the model sees it, on rows of doubles laid out as
-// LAMMPS orders atoms (owned rows first, then ghosts), `width` values per row.
-class Collectives {
+// Rows between ranks by an exchange plan (PairNvalchemi::plan_from_origins): forward,
+// nsend() rows of `width` values go out (in the plan's send rows' order) and nrecv() come
+// in; reverse, the other way round. float64 values, or float32 when `single`. Collective:
+// every rank calls it, with the same width.
+class PlanTransfer {
  public:
-  virtual ~Collectives() = default;
+  virtual ~PlanTransfer() = default;
+  virtual int nsend() const = 0;
+  virtual int nrecv() const = 0;
+  virtual void transfer(const void *send, void *recv, int width, bool single, bool reverse) = 0;
+};
+
+// LAMMPS's communication as the model sees it, on rows of doubles laid out as
+// LAMMPS orders atoms (owned rows first, then ghosts), `width` values per row; transfer()
+// by the exchange plan of the last topology (Step::owner).
+class Collectives : public PlanTransfer {
+ public:
   virtual int ntotal() const = 0;
   // ghost rows take their owner's row
   virtual void forward_exchange(double *rows, int width) = 0;
@@ -49,13 +61,6 @@ class Collectives {
   virtual void reverse_exchange(double *rows, int width) = 0;
   // in-place sum over all ranks
   virtual void allreduce(double *values, int count) = 0;
-  // Rows between ranks by the exchange plan of the last topology (Step::owner): forward,
-  // nsend() rows of `width` values go out (Step::send_rows' order) and nrecv() come in;
-  // reverse, the other way round. float64 values, or float32 when `single`. Collective:
-  // every rank calls it, with the same width.
-  virtual int nsend() const = 0;
-  virtual int nrecv() const = 0;
-  virtual void transfer(const void *send, void *recv, int width, bool single, bool reverse) = 0;
 };
 
 // One model loaded into the embedded interpreter (nvalchemi_lammps.frontends.plugin).

@@ -39,6 +39,12 @@ class PyRef {
   PyObject *obj_;
 };
 
+class PlanTransfer;
+
+// The collectives' Python method transfer(send, recv, width, reverse) on `target`: float64
+// or float32 buffers of the plan's sizes (python_bridge.cpp)
+PyObject *call_transfer(PlanTransfer *target, PyObject *args);
+
 }    // namespace NvalchemiLammps
 
 #endif

@@ -86,6 +86,8 @@ def _step(graph, positions, collectives, cell, owners=None):
         collectives=collectives,
         one_rank=True,
         owners=None if owners is None else to_dlpack(torch.from_numpy(owners)),
+        send_rows=None,
+        nrecv=0,
     )
     return record, arrays
 

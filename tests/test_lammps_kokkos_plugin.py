@@ -37,6 +37,7 @@ from lammps_helpers import (
     NPROCS,
     assert_all_close,
     assert_matches_reference,
+    assert_ranks_own,
     assert_runs_agree,
     atoms_per_rank,
     built_lammps,
@@ -224,7 +225,16 @@ HOST_COMM = "package kokkos newton on neigh half comm/pair/forward host comm/pai
 MODELS = {
     "lj": Model("lj_model"),
     "mp-exchange": Model("mp_model", keywords="strategy exchange"),
+    # on several ranks KOKKOS's host path for pair communication makes the exchanges go by
+    # the exchange plan (remote atoms' rows once each, through the host)
     "mp-exchange-hostcomm": Model("mp_model", keywords="strategy exchange", setup=HOST_COMM),
+    "mace-exchange-hostcomm": Model(
+        "mace_model",
+        elements="Ar Kr",
+        keywords="strategy exchange",
+        setup=HOST_COMM,
+        nprocs=(2, 4),
+    ),
     "mp-shell": Model("mp_model", keywords="strategy shell"),
     "mace-exchange": Model("mace_model", elements="Ar Kr", keywords="strategy exchange"),
     "d3-exchange": Model("d3_model", elements="C H", keywords="strategy exchange"),
@@ -483,36 +493,49 @@ def test_md_equal_across_rank_counts(kokkos_lammps, mp_model, tmp_path):
 
 
 GATHERED = "pair_style nvalchemi/kk: ghost features gathered from the atoms they image"
+BY_PLAN = "pair_style nvalchemi/kk: ghost features by the exchange plan"
 THROUGH_COMM = "pair_style nvalchemi/kk: ghost features through KOKKOS's pair communication"
+#: (NVALCHEMI_LAMMPS_EXCHANGE, ranks, KOKKOS's host path for pair communication, the way
+#: the log names): the exchange plan on one rank (a gather), on 2 ranks where KOKKOS would
+#: stage pair communication through the host, and KOKKOS's own communication otherwise
+EXCHANGE_PATHS = [
+    ("gather", 1, False, GATHERED),
+    ("comm", 1, False, THROUGH_COMM),
+    ("gather", 2, False, THROUGH_COMM),
+    ("gather", 2, True, BY_PLAN),
+    ("comm", 2, True, THROUGH_COMM),
+]
 
 
 @pytest.mark.parametrize("model", ["mp_model", "mace_model"])
-def test_one_rank_gathers_ghost_features(kokkos_lammps, request, model, tmp_path):
-    """On one rank the ghost-feature exchanges gather and sum by each row's owned row
-    instead of going through KOKKOS's pair communication (which
-    ``NVALCHEMI_LAMMPS_EXCHANGE=comm`` keeps, and 2 ranks take): the same energies, forces
-    and virials by atom ID, both ways, for a model exchanging through the contract (the
-    message-passing model) and through mace-torch's ``LAMMPS_MP`` (MACE)."""
+def test_exchange_paths_agree(kokkos_lammps, request, model, tmp_path):
+    """Every way ghost features move gives the same energies, forces and virials by atom
+    ID: the exchange plan (a gather by owned row on one rank; on 2 ranks under KOKKOS's
+    host path, the remote atoms' rows once each through the host) and KOKKOS's pair
+    communication (``NVALCHEMI_LAMMPS_EXCHANGE=comm``, or 2 ranks on its device path), for a
+    model exchanging through the contract (message passing) and through mace-torch's
+    ``LAMMPS_MP`` (MACE)."""
     _, path = request.getfixturevalue(model)
     data, _, _, species = _slab(tmp_path)
     elements = "Ar Kr" if model == "mace_model" else "Ar Ne"
-    script = run0_header(str(data), "")
-    script += f"pair_style nvalchemi {path} strategy exchange\npair_coeff * * {elements}\n"
-    script += run0_evaluation("kk")
+    style = f"pair_style nvalchemi {path} strategy exchange\npair_coeff * * {elements}\n"
     ids = np.arange(1, len(species) + 1)
-    runs = {}
-    for mode, nprocs, log in [
-        ("gather", 1, GATHERED),
-        ("comm", 1, THROUGH_COMM),
-        ("gather", 2, THROUGH_COMM),
-    ]:
-        work = tmp_path / f"{mode}-np{nprocs}"
-        run = kokkos_lammps.run(script, nprocs, work, {"NVALCHEMI_LAMMPS_EXCHANGE": mode}).check()
+    runs = []
+    for mode, nprocs, host, log in EXCHANGE_PATHS:
+        work = tmp_path / f"{mode}-np{nprocs}-{'host' if host else 'device'}"
+        # on 2 ranks each owns atoms: ghosts of remote atoms, and images of its own
+        processors = "processors 2 1 1" if nprocs == 2 else ""
+        script = (HOST_COMM if host else "") + run0_header(str(data), processors)
+        script += style + run0_evaluation("kk")
+        env = {"NVALCHEMI_LAMMPS_EXCHANGE": mode}
+        run = kokkos_lammps.run(script, nprocs, work, env).check()
         assert log in run.output, run.output[-3000:]
-        runs[mode, nprocs] = read_evaluation(work, run.output, "kk", ids)
-    for other in [("comm", 1), ("gather", 2)]:
-        label = f"kokkos-one-rank-gather/{model}/vs-{other[0]}-np{other[1]}"
-        assert_runs_agree(label, runs["gather", 1], runs[other], tol=1e-10, stress=True)
+        assert_ranks_own(atoms_per_rank(run.output, "Nlocal"), nprocs)
+        runs.append((work.name, read_evaluation(work, run.output, "kk", ids)))
+    (first, one), *others = runs
+    for name, other in others:
+        label = f"kokkos-exchange-paths/{model}/{first}-vs-{name}"
+        assert_runs_agree(label, one, other, tol=1e-10, stress=True)
 
 
 @pytest.mark.parametrize("nprocs", [1, 2])

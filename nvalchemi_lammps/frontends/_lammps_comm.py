@@ -56,7 +56,8 @@ def exchanged_into(src: torch.Tensor, dst: torch.Tensor, rows: torch.Tensor, for
             dst.zero_().index_add_(0, rows.to(src.device), src)
 
 
-def _summed(collectives: Any, x: torch.Tensor) -> torch.Tensor:
+def summed_over_ranks(collectives: Any, x: torch.Tensor) -> torch.Tensor:
+    """``x`` summed over ranks by ``collectives.allreduce``, in float64 on the host."""
     values = x.detach().reshape(-1).to(device="cpu", dtype=torch.float64, copy=True)
     collectives.allreduce(memoryview(values.contiguous().numpy()))
     return values.to(device=x.device, dtype=x.dtype).reshape(x.shape)
@@ -95,18 +96,18 @@ def _clocked(operation: Any, timings: dict[str, float]) -> Any:
     return clocked
 
 
-class LammpsComm(AdjointComm):
-    """Collectives of one ``pair_style nvalchemi`` compute call.
+class PlanComm(AdjointComm):
+    """Exchanges by the pair style's :class:`ExchangePlan` (both pair styles): a ghost of an
+    atom owned here gathers from it on the model's device, a ghost of a remote atom from
+    the one row per distinct remote atom that ``collectives.transfer`` brings from its rank,
+    staged through ``buffer``'s host tensors in the model's precision. Without a plan,
+    :meth:`_forward_all` and :meth:`_reverse_all` (the door's own communication).
 
-    :param collectives: the plugin's ``LammpsCollectives`` object
+    :param collectives: the pair style's collectives (``transfer``, ``allreduce``, ...)
     :param exchange: ``False`` under the widened-shell strategy, where ghost rows are
         computed locally and the exchanges are the identity (the all-reduce stays real)
-    :param plan: the pair style's exchange plan, or ``None``: every row through LAMMPS's
-        own forward and reverse communication, staged in float64
+    :param plan: the exchange plan of the last neighbor-list build, or ``None``
     :param buffer: ``buffer(name, shape, dtype)``, a reusable (pinned, for a GPU) host tensor
-    :param timings: where to add the seconds spent in collectives (``"collectives"``), or
-        ``None`` (:attr:`PluginSession.timings <nvalchemi_lammps.frontends.plugin.
-        PluginSession.timings>`)
     """
 
     def __init__(
@@ -115,21 +116,16 @@ class LammpsComm(AdjointComm):
         exchange: bool = True,
         plan: ExchangePlan | None = None,
         buffer: Any = None,
-        timings: dict[str, float] | None = None,
     ) -> None:
         self.collectives = collectives
         self.exchange = exchange
         self.plan = plan
         self.buffer = buffer
-        if timings is not None:  # both directions: each is the other's adjoint
-            self._forward, self._reverse, self._sum = (
-                _clocked(op, timings) for op in (self._forward, self._reverse, self._sum)
-            )
 
     def _forward(self, src: torch.Tensor) -> torch.Tensor:
         plan = self.plan
         if plan is None:
-            return _exchanged(self.collectives.forward_exchange, src)
+            return self._forward_all(src)
         rows = src[: plan.nlocal]
         if plan.remote:
             sent = src.index_select(0, plan.send.to(src.device))
@@ -139,7 +135,7 @@ class LammpsComm(AdjointComm):
     def _reverse(self, src: torch.Tensor) -> torch.Tensor:
         plan = self.plan
         if plan is None:
-            return _exchanged(self.collectives.reverse_exchange, src)
+            return self._reverse_all(src)
         if not plan.remote:  # every row's source is owned here; ghost rows end up zero
             return summed_into(src, plan.gather, src.shape[0])
         rest = src.shape[1:]
@@ -149,6 +145,12 @@ class LammpsComm(AdjointComm):
             0, send, self._transfer(summed[plan.nlocal :], send.shape[0], reverse=True)
         )
         return torch.cat((owned, src.new_zeros((src.shape[0] - plan.nlocal, *rest))))
+
+    def _forward_all(self, src: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _reverse_all(self, src: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def _transfer(self, rows: torch.Tensor, count: int, reverse: bool) -> torch.Tensor:
         """``rows`` to the ranks the plan names; ``count`` rows come back from them."""
@@ -175,5 +177,38 @@ class LammpsComm(AdjointComm):
         out = recv.to(rows.device, non_blocking=True) if rows.is_cuda else recv.clone()
         return out.to(rows.dtype).reshape(count, *rest)
 
+
+class LammpsComm(PlanComm):
+    """Collectives of one ``pair_style nvalchemi`` compute call: by the exchange plan, or
+    without one every row through LAMMPS's own forward and reverse communication, staged
+    in float64 on the host.
+
+    :param timings: where to add the seconds spent in collectives (``"collectives"``), or
+        ``None`` (:attr:`PluginSession.timings <nvalchemi_lammps.frontends.plugin.
+        PluginSession.timings>`)
+
+    The other parameters are :class:`PlanComm`'s.
+    """
+
+    def __init__(
+        self,
+        collectives: Any,
+        exchange: bool = True,
+        plan: ExchangePlan | None = None,
+        buffer: Any = None,
+        timings: dict[str, float] | None = None,
+    ) -> None:
+        super().__init__(collectives, exchange, plan, buffer)
+        if timings is not None:  # both directions: each is the other's adjoint
+            self._forward, self._reverse, self._sum = (
+                _clocked(op, timings) for op in (self._forward, self._reverse, self._sum)
+            )
+
+    def _forward_all(self, src: torch.Tensor) -> torch.Tensor:
+        return _exchanged(self.collectives.forward_exchange, src)
+
+    def _reverse_all(self, src: torch.Tensor) -> torch.Tensor:
+        return _exchanged(self.collectives.reverse_exchange, src)
+
     def _sum(self, x: torch.Tensor) -> torch.Tensor:
-        return _summed(self.collectives, x)
+        return summed_over_ranks(self.collectives, x)

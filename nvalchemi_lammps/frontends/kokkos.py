@@ -9,9 +9,11 @@ style's Kokkos kernels take the pairs within the cutoff from KOKKOS's full neigh
 (cutoff plus skin) each step, with their ``rij`` and each atom's element; the forces (and
 per-atom energies and virials, when LAMMPS asks) are added into LAMMPS's own arrays in
 place. Nothing per atom or per pair goes through the host, except what LAMMPS's own host
-path for pair communication stages (docs/kokkos.md). On a single rank the ghost-feature
-exchanges do not go through LAMMPS: every ghost is an image of an owned atom, and the pair
-style hands over each row's owned row with the step (:class:`KokkosComm`).
+path for pair communication stages (docs/kokkos.md). The ghost-feature exchanges go by
+the pair style's exchange plan on one rank (a gather by owned row: every ghost is an image
+of an owned atom) and on several where KOKKOS would stage them through the host (the
+remote atoms' rows once each); through KOKKOS's pair communication otherwise
+(:class:`KokkosComm`).
 
 The views are LAMMPS's memory: valid during the call only, never kept.
 
@@ -31,9 +33,9 @@ from typing import Any
 
 import torch
 
-from ..contract import AdjointComm, LocalGraph
+from ..contract import LocalGraph
 from ..engine import Evaluation, evaluate
-from ._lammps_comm import exchanged_into, gathered, summed_into
+from ._lammps_comm import ExchangePlan, PlanComm, exchanged_into, summed_over_ranks
 from ._streams import fence
 from .plugin import PluginSession
 
@@ -72,9 +74,13 @@ class KokkosStepRecord:
     :param periodic: periodicity of each lattice direction
     :param collectives: the step's KOKKOS collectives (valid during the call only)
     :param one_rank: this is the only rank (every ghost a periodic image of an owned atom)
-    :param owners: on the only rank, for the exchange strategy: ``(ntotal,)`` int64 owned
-        row of each row (itself for an owned row), kept by the pair style from one
-        neighbor-list build to the next; otherwise not given
+    :param owners: the pair style's exchange plan (strategy exchange, on one rank, or on
+        several when KOKKOS stages pair communication through the host; otherwise not
+        given): ``(ntotal,)`` int64, the row of ``[owned rows, received rows]`` each row
+        copies (an owned row itself), kept from one neighbor-list build to the next
+    :param send_rows: with ``owners`` on several ranks, ``(nsend,)`` int64: the owned rows
+        other ranks receive, in the order of the collectives' ``transfer``
+    :param nrecv: with ``owners``, the rows ``transfer`` brings from other ranks
     """
 
     nlocal: int
@@ -95,6 +101,8 @@ class KokkosStepRecord:
     collectives: Any
     one_rank: bool
     owners: Any
+    send_rows: Any
+    nrecv: int
 
 
 @dataclass(frozen=True)
@@ -115,20 +123,24 @@ def _view(capsule: Any) -> torch.Tensor | None:
     return None if capsule is None else torch.from_dlpack(capsule)
 
 
-class KokkosComm(AdjointComm):
-    """Collectives of one ``pair_style nvalchemi/kk`` compute call: exchanges through
-    KOKKOS's pair communication on arrays in the execution space's memory (passed by
-    address, no copy to the host), sums over ranks through MPI on the host (a few values).
-    On the only rank, with ``owners``, the exchanges are a gather and a sum by owned row in
-    the tensor's own precision (one kernel, where KOKKOS packs and unpacks per swap), and
-    the sums over ranks the identity.
+class KokkosComm(PlanComm):
+    """Collectives of one ``pair_style nvalchemi/kk`` compute call. With the pair style's
+    exchange plan (always on one rank; on several when KOKKOS stages pair communication
+    through the host) the exchanges go by it (:class:`~._lammps_comm.PlanComm`): on one
+    rank a gather and a sum by owned row in the tensor's own precision (one kernel, where
+    KOKKOS packs and unpacks per swap), on several the remote atoms' rows once each between
+    ranks. Without one, through KOKKOS's pair communication on arrays in the execution
+    space's memory (passed by address, no copy to the host). Sums over ranks go through
+    MPI on the host (a few values), and are the identity on one rank.
 
     :param collectives: the pair style's ``KokkosCollectives`` object
     :param device: where LAMMPS's KOKKOS arrays live (rows are exchanged there)
     :param exchange: ``False`` under the widened-shell strategy: the exchanges are the
         identity (the all-reduce stays real)
     :param one_rank: this is the only rank
-    :param owners: on the only rank, the owned row of each row (:class:`KokkosStepRecord`)
+    :param plan: the exchange plan of the pair style's last neighbor-list build, or ``None``
+    :param buffer: ``buffer(name, shape, dtype)``, reusable host tensors (pinned for a GPU)
+        for the plan's transfers between ranks
     """
 
     def __init__(
@@ -137,33 +149,29 @@ class KokkosComm(AdjointComm):
         device: torch.device,
         exchange: bool = True,
         one_rank: bool = False,
-        owners: torch.Tensor | None = None,
+        plan: ExchangePlan | None = None,
+        buffer: Any = None,
     ) -> None:
-        self.collectives = collectives
+        super().__init__(collectives, exchange, plan, buffer)
         self.device = device
-        self.exchange = exchange
         self.one_rank = one_rank
-        self.owners = owners
 
     def allreduce(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.one_rank else super().allreduce(x)
 
-    def _forward(self, src: torch.Tensor) -> torch.Tensor:
-        if self.owners is not None:
-            return gathered(src, self.owners)
+    def _forward_all(self, src: torch.Tensor) -> torch.Tensor:
         return self._exchanged(self.collectives.forward_exchange, src)
 
-    def _reverse(self, src: torch.Tensor) -> torch.Tensor:
-        if self.owners is not None:
-            return summed_into(src, self.owners, src.shape[0])
+    def _reverse_all(self, src: torch.Tensor) -> torch.Tensor:
         return self._exchanged(self.collectives.reverse_exchange, src)
 
     def exchange_into(self, src: torch.Tensor, dst: torch.Tensor, forward: bool) -> None:
-        if not self.exchange:
-            dst.copy_(src)
+        plan = self.plan
+        if not self.exchange or (plan is not None and plan.remote):
+            super().exchange_into(src, dst, forward)
             return
-        if self.owners is not None:
-            exchanged_into(src, dst, self.owners, forward)
+        if plan is not None:  # every row's source is owned here: straight into dst
+            exchanged_into(src, dst, plan.gather, forward)
             return
         operation = (
             self.collectives.forward_exchange if forward else self.collectives.reverse_exchange
@@ -195,9 +203,7 @@ class KokkosComm(AdjointComm):
             fence(rows.device)
 
     def _sum(self, x: torch.Tensor) -> torch.Tensor:
-        values = x.detach().reshape(-1).to(device="cpu", dtype=torch.float64, copy=True)
-        self.collectives.allreduce(memoryview(values.contiguous().numpy()))
-        return values.to(device=x.device, dtype=x.dtype).reshape(x.shape)
+        return summed_over_ranks(self.collectives, x)
 
 
 def compute(session: PluginSession, step: KokkosStepRecord) -> KokkosStepResult:
@@ -230,7 +236,8 @@ def compute(session: PluginSession, step: KokkosStepRecord) -> KokkosStepResult:
             x.device,
             session.uses_exchange,
             step.one_rank,
-            _view(step.owners),
+            _plan(step),
+            session.buffer,
         ),
         total_charge=session.total_charge,
         spin=session.spin,
@@ -280,6 +287,15 @@ def compute(session: PluginSession, step: KokkosStepRecord) -> KokkosStepResult:
     return KokkosStepResult(
         result.energy, None if virial is None else tuple(float(v) for v in virial.cpu())
     )
+
+
+def _plan(step: KokkosStepRecord) -> ExchangePlan | None:
+    owners = _view(step.owners)
+    if owners is None:
+        return None
+    send = _view(step.send_rows)
+    send = owners[:0] if send is None else send
+    return ExchangePlan(step.nlocal, owners, send, step.nrecv, not step.one_rank)
 
 
 def check_device(arrays: torch.device, model: torch.device) -> None:

@@ -90,6 +90,11 @@ class PluginSession:
         # of one thread per core oversubscribes the cores shared by several ranks.
         torch.set_num_threads(max(1, num_threads))
 
+    def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A host tensor of ``shape`` reused under ``name`` (pinned for a GPU), for the
+        exchange plan's transfers between ranks."""
+        return self._stage.buffer(name, shape, dtype)
+
     def describe(self) -> str:
         spec = self.potential.spec
         return (
@@ -227,7 +232,7 @@ class PluginSession:
                 step.collectives,
                 self.uses_exchange,
                 plan=self._plan,
-                buffer=self._stage.buffer,
+                buffer=self.buffer,
                 timings=self.timings,
             ),
             total_charge=self.total_charge,
