@@ -375,7 +375,7 @@ def test_mliap_equals_plugin(model_files, model, kind, nranks, nslabs):
 
 
 @pytest.mark.parametrize("model", ["mp", "mace"])
-def test_one_rank_exchanges_through_lammps_when_asked(model_files, model, monkeypatch):
+def test_one_rank_exchanges_through_lammps_when_asked(model_files, model, monkeypatch, capsys):
     """``NVALCHEMI_LAMMPS_EXCHANGE=comm``: on one rank too, every exchange goes through
     ML-IAP (forward after each layer but the first, reverse in the backward pass), with the
     same pair forces as the default gather; any other value than gather or comm stops."""
@@ -384,8 +384,12 @@ def test_one_rank_exchanges_through_lammps_when_asked(model_files, model, monkey
     spec = open_session(str(path), 1).potential.spec
     graphs = decompose(system, spec.cutoff, 1)
     (gather,) = mliap_world(path, graphs, system.natoms, "kokkos-exchange")
+    said = "nvalchemi-lammps: ghost features gathered from the atoms they image (one rank)"
+    assert said in capsys.readouterr().out
     monkeypatch.setenv("NVALCHEMI_LAMMPS_EXCHANGE", "comm")
     (comm,) = mliap_world(path, graphs, system.natoms, "kokkos-exchange")
+    said = "nvalchemi-lammps: ghost features through ML-IAP's exchanges"
+    assert said in capsys.readouterr().out
     calls = [[c[0] for c in s.calls if "exchange" in c[0]] for s in (gather, comm)]
     assert calls[0] == ["forward_exchange"]
     between = spec.layers - 1

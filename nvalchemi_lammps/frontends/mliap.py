@@ -480,4 +480,11 @@ class MLIAPModel(MLIAPUnified):
             )
         if self._gather is None:  # the rank count and environment hold for the whole run
             self._gather = _nranks() == 1 and gather_on_one_rank()
+            if strategy.exchange and _rank() == 0:
+                how = (
+                    "gathered from the atoms they image (one rank)"
+                    if self._gather
+                    else "through ML-IAP's exchanges"
+                )
+                print(f"nvalchemi-lammps: ghost features {how}", flush=True)
         return MliapComm(data, strategy.exchange, strategy.exchange and self._gather)
