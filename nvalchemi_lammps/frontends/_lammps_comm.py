@@ -108,6 +108,9 @@ class PlanComm(AdjointComm):
         computed locally and the exchanges are the identity (the all-reduce stays real)
     :param plan: the exchange plan of the last neighbor-list build, or ``None``
     :param buffer: ``buffer(name, shape, dtype)``, a reusable (pinned, for a GPU) host tensor
+    :param timings: where to add the seconds spent in collectives (``"collectives"``), or
+        ``None`` (:attr:`PluginSession.timings <nvalchemi_lammps.frontends.plugin.
+        PluginSession.timings>`)
     """
 
     def __init__(
@@ -116,11 +119,16 @@ class PlanComm(AdjointComm):
         exchange: bool = True,
         plan: ExchangePlan | None = None,
         buffer: Any = None,
+        timings: dict[str, float] | None = None,
     ) -> None:
         self.collectives = collectives
         self.exchange = exchange
         self.plan = plan
         self.buffer = buffer
+        if timings is not None:  # both directions: each is the other's adjoint
+            self._forward, self._reverse, self._sum = (
+                _clocked(op, timings) for op in (self._forward, self._reverse, self._sum)
+            )
 
     def _forward(self, src: torch.Tensor) -> torch.Tensor:
         plan = self.plan
@@ -179,30 +187,9 @@ class PlanComm(AdjointComm):
 
 
 class LammpsComm(PlanComm):
-    """Collectives of one ``pair_style nvalchemi`` compute call: by the exchange plan, or
-    without one every row through LAMMPS's own forward and reverse communication, staged
-    in float64 on the host.
-
-    :param timings: where to add the seconds spent in collectives (``"collectives"``), or
-        ``None`` (:attr:`PluginSession.timings <nvalchemi_lammps.frontends.plugin.
-        PluginSession.timings>`)
-
-    The other parameters are :class:`PlanComm`'s.
-    """
-
-    def __init__(
-        self,
-        collectives: Any,
-        exchange: bool = True,
-        plan: ExchangePlan | None = None,
-        buffer: Any = None,
-        timings: dict[str, float] | None = None,
-    ) -> None:
-        super().__init__(collectives, exchange, plan, buffer)
-        if timings is not None:  # both directions: each is the other's adjoint
-            self._forward, self._reverse, self._sum = (
-                _clocked(op, timings) for op in (self._forward, self._reverse, self._sum)
-            )
+    """Collectives of one ``pair_style nvalchemi`` compute call (:class:`PlanComm`'s
+    parameters): by the exchange plan, or without one every row through LAMMPS's own
+    forward and reverse communication, staged in float64 on the host."""
 
     def _forward_all(self, src: torch.Tensor) -> torch.Tensor:
         return _exchanged(self.collectives.forward_exchange, src)
