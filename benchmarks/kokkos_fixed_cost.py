@@ -48,6 +48,8 @@ sys.path[:0] = [str(HERE)]
 import kokkos_lammps as kl
 from bench_strategies import LATTICE, crystal
 
+from nvalchemi_lammps.frontends.mliap import EXCHANGE_ENV
+
 #: the bare models this process timed, by (model file, atoms, compile mode): kept between the
 #: ``python source`` commands of one LAMMPS run
 _MODELS: dict[tuple[str, int, str], kl.BareModel] = {}
@@ -131,10 +133,6 @@ def interleaved_script(
             text += f"run {INTERLEAVE_WARMUP}\nrun {steps}\n"
         text += bare
     return text
-
-
-#: how the doors exchange ghost features on one rank (frontends/mliap.py, nvalchemi/kk)
-EXCHANGE_ENV = "NVALCHEMI_LAMMPS_EXCHANGE"
 
 
 #: untimed steps after each pair_style command of --interleave (the door's first steps
