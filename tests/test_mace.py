@@ -17,6 +17,8 @@ import json
 import os
 import re
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -829,6 +831,34 @@ def test_cuequivariance_network_follows_the_weights(on_cueq):
     network = potential.network
     potential.to("cpu")
     assert potential.network is not network
+
+
+@cueq_only
+def test_cuequivariance_network_made_once_for_threads(on_cueq):
+    """Ranks that are threads of one process (the stand-in worlds) ask for the network at
+    once: it is made once, and torch's default dtype, which mace-torch builds under, is left
+    as it was (made by each thread, one thread's restore left another building in float32:
+    1e-8 from e3nn)."""
+    _, e3nn, _ = on_cueq
+    potential = Mace.from_model(e3nn.model, kernels="cuequivariance")
+    made = []
+    select = potential._select_kernels
+
+    def slow_select():
+        made.append(threading.get_ident())
+        time.sleep(0.2)
+        select()
+
+    object.__setattr__(potential, "_select_kernels", slow_select)
+    before = torch.get_default_dtype()
+    threads = [threading.Thread(target=lambda: potential.network) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(made) == 1
+    assert potential.kernels == "cuequivariance"
+    assert torch.get_default_dtype() == before
 
 
 def test_kernels_auto_is_e3nn_off_cuda(scale_shift):

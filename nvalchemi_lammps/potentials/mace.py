@@ -35,6 +35,7 @@ import importlib
 import io
 import os
 import sys
+import threading
 import types
 import warnings
 from collections.abc import Iterator
@@ -196,6 +197,11 @@ def _mace() -> Any:
                 print(line, file=sys.stdout)
     _MACE = mace.modules
     return _MACE
+
+
+#: held while a network is made on first use: mace-torch builds under torch's default dtype,
+#: which is the process's, and ranks of one process (threads) share a potential
+_BUILDING = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -589,7 +595,9 @@ class Mace(Potential):
     def network(self) -> torch.nn.Module:
         """The mace-torch network that :meth:`forward` runs."""
         if self._cueq_stale:
-            self._select_kernels()
+            with _BUILDING:
+                if self._cueq_stale:
+                    self._select_kernels()
         return self.model if self._cueq is None else self._cueq
 
     def _apply(self, fn: Any, recurse: bool = True) -> Mace:
