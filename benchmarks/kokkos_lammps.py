@@ -162,7 +162,9 @@ def prepare(out: Path) -> None:
     }
     for name, (pos, box, spec, masses) in structures.items():
         write_lammps_data(out / f"{name}.data", pos, box, spec + 1, masses)
-    mace = random_mace()
+    # e3nn's basis, which mace-torch otherwise swaps for cuEquivariance's where that is
+    # installed: the files then load where it is not (the GPU machines)
+    mace = random_mace(use_reduced_cg=False)
     potentials = {
         "lj": LennardJones(
             ["Ar", "Ne"], {"Ar": 0.0104, "Ne": 0.00312}, {"Ar": 3.40, "Ne": 2.74}, cutoff=6.0
@@ -215,8 +217,7 @@ def convert_to_cueq(out: Path) -> None:
     from nvalchemi_lammps import load_model
 
     for bits in ("32", "64"):
-        # the e3nn network as mace-torch builds it from the file's hyperparameters (the
-        # pickled one of mace{bits}_own.pt says use_reduced_cg without reduced weights)
+        # the e3nn network as mace-torch builds it from the file's hyperparameters
         network = load_model(out / f"mace{bits}_e3nn.pt").model
         model = run_e3nn_to_cueq(copy.deepcopy(network))
         model.lammps_mliap = True

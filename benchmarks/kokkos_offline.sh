@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The KOKKOS benchmarks (kokkos_lammps.py, kokkos_fixed_cost.py) on a GPU machine without
 # internet, in two steps: `stage` where there is internet, `build` on the GPU machine; then
-# run the benchmark there with PYTHONPATH=DIR/site and --lammps PREFIX.
+# run the benchmark there with PYTHONPATH=PREFIX/site and --lammps PREFIX.
 #
 #   benchmarks/kokkos_offline.sh stage DIR [PYTHON_VERSION]      # here: default 3.12
 #   benchmarks/kokkos_offline.sh build DIR PREFIX [ARCH] [SECONDS] # there: default HOPPER90
@@ -13,7 +13,8 @@
 #        use (the build and the plugin then fit a 10-minute job on 16 cores);
 #        DIR/models: kokkos_lammps.py prepare (model files, data, references), with this
 #        environment's Python (mace-torch installed: `make setup`).
-# build  installs DIR/wheels into DIR/site, then builds LAMMPS into PREFIX (continuing a
+# build  installs DIR/wheels into PREFIX/site (outside DIR, which a later call may carry
+#        again), then builds LAMMPS into PREFIX (continuing a
 #        build cut off by SECONDS, default no limit: rerun to go on) and the nvalchemi/kk
 #        plugin; exits 3 when SECONDS ran out before LAMMPS was installed.
 set -euo pipefail
@@ -46,6 +47,15 @@ stage() {
   rm -rf "$dir/lammps" "$tarball"
 
   "$root/.venv/bin/python" "$root/benchmarks/kokkos_lammps.py" prepare "$dir/models"
+  # the GPU machine has no cuEquivariance: the e3nn files must load without it
+  "$root/.venv/bin/python" - "$dir/models" <<'EOF'
+import sys
+from pathlib import Path
+sys.modules.update(dict.fromkeys(["cuequivariance", "cuequivariance_torch"]))  # unimportable
+from nvalchemi_lammps import load_model
+for name in ("mace32", "mace64", "mace32_e3nn", "mace64_e3nn"):
+    load_model(Path(sys.argv[1]) / f"{name}.pt")
+EOF
   du -sh "$dir"
 }
 
@@ -53,8 +63,8 @@ build() {
   local prefix arch=${2:-HOPPER90} seconds=${3:-0} start=$SECONDS
   prefix=$(realpath -m "$1")
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$dir/site" "$dir"/wheels/*.whl
-  export PYTHONPATH=$dir/site
+    --target "$prefix/site" "$dir"/wheels/*.whl
+  export PYTHONPATH=$prefix/site
   local src=$prefix/source/lammps
   if [ ! -x "$prefix/install/bin/lmp" ]; then
     if [ ! -d "$src" ]; then
