@@ -5,6 +5,7 @@
 #
 #   benchmarks/kokkos_offline.sh stage DIR [PYTHON_VERSION]      # here: default 3.12
 #   benchmarks/kokkos_offline.sh build DIR PREFIX [ARCH] [SECONDS] # there: default HOPPER90
+#   benchmarks/kokkos_offline.sh pack DIR PREFIX                  # there, after build
 #
 # stage  DIR/wheels: mace-torch and its pure-Python needs, for the GPU machine's Python
 #        (torch, numpy, scipy, opt-einsum(-fx) and cython are expected there);
@@ -14,13 +15,18 @@
 #        DIR/models: kokkos_lammps.py prepare (model files, data, references), with this
 #        environment's Python (mace-torch installed: `make setup`).
 # build  installs DIR/wheels into PREFIX/site (outside DIR, which a later call may carry
-#        again), then builds LAMMPS into PREFIX (continuing a
-#        build cut off by SECONDS, default no limit: rerun to go on) and the nvalchemi/kk
-#        plugin; exits 3 when SECONDS ran out before LAMMPS was installed.
+#        again), then LAMMPS into PREFIX: unpacked from DIR/lammps-built.tar.xz.part-* where
+#        `pack` made them for the same machine and sources, else built (continuing a build
+#        cut off by SECONDS, default no limit: rerun to go on); then the nvalchemi/kk
+#        plugin (always compiled: it follows cpp_bridge/). Exits 3 when SECONDS ran out
+#        before LAMMPS was installed.
+# pack   PREFIX's LAMMPS (install/, python/) and what it was built for, as
+#        DIR/lammps-built.tar.xz.part-* (15 MiB each: a device call's files come back in
+#        16 MiB pieces); put them into the staged DIR and the next `build` takes 1 minute.
 set -euo pipefail
 
 root=$(dirname "$(dirname "$(realpath "$0")")")
-[ $# -ge 2 ] || { sed -n '2,18p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,25p' "$0"; exit 2; }
 dir=$(realpath -m "$2")
 
 stage() {
@@ -59,6 +65,21 @@ EOF
   du -sh "$dir"
 }
 
+# what a LAMMPS build is for: the machine's compilers, MPI and Python, the sources and the
+# scripts that build it, the place and the architecture (a packed build is used only where
+# all of these are the same)
+built_for() {
+  local prefix=$1 arch=$2
+  echo "prefix $prefix arch $arch"
+  nvcc --version 2>/dev/null | tail -2
+  g++ --version | head -1
+  mpirun --version 2>/dev/null | head -1
+  python3 -c 'import sys; print("python", sys.version.split()[0])'
+  (cd "$root" && sha256sum "$dir/lammps-cut.tar.xz" third_party/kokkos-*.tar.xz \
+    tools/build_lammps_kokkos.sh tools/patch_kokkos.py tools/patch_lammps_kokkos.py \
+    | awk '{print $1}')
+}
+
 build() {
   local prefix arch=${2:-HOPPER90} seconds=${3:-0} start=$SECONDS
   prefix=$(realpath -m "$1")
@@ -66,26 +87,53 @@ build() {
     --target "$prefix/site" "$dir"/wheels/*.whl
   export PYTHONPATH=$prefix/site
   local src=$prefix/source/lammps
-  if [ ! -x "$prefix/install/bin/lmp" ]; then
-    if [ ! -d "$src" ]; then
-      mkdir -p "$prefix/source"
-      tar xJf "$dir/lammps-cut.tar.xz" -C "$prefix/source"
-      mkdir -p "$src/lib"
-      tar xJf "$root"/third_party/kokkos-*.tar.xz -C "$src/lib"
+  if [ ! -d "$src" ]; then  # the plugin compiles against these sources' headers
+    mkdir -p "$prefix/source"
+    tar xJf "$dir/lammps-cut.tar.xz" -C "$prefix/source"
+    mkdir -p "$src/lib"
+    tar xJf "$root"/third_party/kokkos-*.tar.xz -C "$src/lib"
+  fi
+  if [ ! -x "$prefix/install/bin/lmp" ] && compgen -G "$dir/lammps-built.tar.xz.part-*" >/dev/null
+  then
+    local unpacked=$prefix/unpacked
+    rm -rf "$unpacked" && mkdir -p "$unpacked"
+    cat "$dir"/lammps-built.tar.xz.part-* | tar xJf - -C "$unpacked"
+    if cmp -s "$unpacked/built-for" <(built_for "$prefix" "$arch"); then
+      rm -rf "$prefix/install" "$prefix/python"
+      mv "$unpacked/install" "$unpacked/python" "$unpacked/built-for" "$prefix/"
+      echo "LAMMPS unpacked from $dir/lammps-built.tar.xz.part-*"
+    else
+      echo "$dir/lammps-built.tar.xz.part-* was built for another machine or other sources:"
+      diff "$unpacked/built-for" <(built_for "$prefix" "$arch") || true
     fi
+    rm -rf "$unpacked"
+  fi
+  if [ ! -x "$prefix/install/bin/lmp" ]; then
     local rc=0
     timeout "$seconds" bash "$root/tools/build_lammps_kokkos.sh" "$src" "$src/lib/kokkos" \
       "$prefix" "$arch" || rc=$?
     [ $rc -eq 124 ] && echo "LAMMPS not built yet after $((SECONDS - start)) s: run again"
     [ $rc -eq 0 ] || exit $((rc == 124 ? 3 : rc))
+    built_for "$prefix" "$arch" > "$prefix/built-for"
   fi
-  [ -f "$prefix/plugin-build/cpp_bridge/nvalchemiplugin.so" ] \
-    || bash "$root/tools/build_plugin_kokkos.sh" "$src" "$src/lib/kokkos" "$prefix" "$arch"
+  bash "$root/tools/build_plugin_kokkos.sh" "$src" "$src/lib/kokkos" "$prefix" "$arch"
   echo "LAMMPS and the plugin in $prefix after $((SECONDS - start)) s"
+}
+
+pack() {
+  local prefix
+  prefix=$(realpath -m "$1")
+  [ -f "$prefix/built-for" ] || { echo "no LAMMPS built by this script in $prefix"; exit 1; }
+  mkdir -p "$dir"
+  rm -f "$dir"/lammps-built.tar.xz.part-*
+  tar cf - -C "$prefix" install python built-for | xz -6 -T0 \
+    | split -b 15M - "$dir/lammps-built.tar.xz.part-"
+  ls -l "$dir"/lammps-built.tar.xz.part-*
 }
 
 case ${1:-} in
   stage) stage "${@:3}" ;;
   build) build "${@:3}" ;;
-  *) sed -n '2,18p' "$0"; exit 2 ;;
+  pack) pack "${@:3}" ;;
+  *) sed -n '2,25p' "$0"; exit 2 ;;
 esac
