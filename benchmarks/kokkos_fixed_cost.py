@@ -31,6 +31,11 @@ first style's (docs/performance.md, round 16).
 ``NVALCHEMI_LAMMPS_EXCHANGE=comm`` (``kk/comm``, ``mliap/comm``: every ghost-feature exchange
 through LAMMPS's communication, where one rank's default gathers by owned row), set in the
 process's environment before each ``pair_style`` command.
+
+``--gpus 0`` runs the same on a KOKKOS LAMMPS for the host (``make test``'s, Serial), models
+on the CPU: to try a run's scripts end to end before device time is spent on them
+(mace-torch's class then stops: its file, pickled on a machine without
+``MACE_ALLOW_CPU=true``, refuses the CPU).
 """
 
 from __future__ import annotations
@@ -55,23 +60,27 @@ from nvalchemi_lammps.frontends.mliap import EXCHANGE_ENV
 _MODELS: dict[tuple[str, int, str], kl.BareModel] = {}
 
 
-def time_bare(model_file: str, atoms: int, calls: int, mode: str, out: str) -> None:
+def time_bare(
+    model_file: str, atoms: int, calls: int, mode: str, out: str, device: str = "cuda"
+) -> None:
     """Called by LAMMPS's embedded Python between runs: append the bare model's median ms of
     ``calls`` calls to ``out`` (the first call builds and warms it up, untimed)."""
     key = (model_file, atoms, mode)
     if key not in _MODELS:
         _, system = crystal(atoms, LATTICE["mace"], Path(out).with_suffix(".data"))
-        _MODELS[key] = kl.BareModel(Path(model_file), system, "cuda", mode)
+        _MODELS[key] = kl.BareModel(Path(model_file), system, device, mode)
         _MODELS[key].samples(2)
     with open(out, "a") as stream:
         stream.write(f"{statistics.median(_MODELS[key].samples(calls))}\n")
 
 
-def bare_command(model_file: str | Path, atoms: int, calls: int, mode: str, out: Path) -> str:
+def bare_command(
+    model_file: str | Path, atoms: int, calls: int, mode: str, out: Path, device: str
+) -> str:
     """The LAMMPS command that times the bare model (time_bare) in LAMMPS's Python."""
     call = (
         f"import sys; sys.path.insert(0, '{HERE}'); import kokkos_fixed_cost as f; "
-        f"f.time_bare('{model_file}', {atoms}, {calls}, '{mode}', '{out}')"
+        f"f.time_bare('{model_file}', {atoms}, {calls}, '{mode}', '{out}', '{device}')"
     )
     return f'python source here "{call}"\n'
 
@@ -92,12 +101,13 @@ def script(
     calls: int,
     mode: str,
     out: Path,
+    device: str,
     optimized: bool = False,
 ) -> str:
     """The style's MD with the bare model timed before the first timed run and after each;
     ``optimized``: with TorchScript's optimizing executor on in the engine, for the style
     and the bare model (``engine.optimize_torchscript``)."""
-    bare = bare_command(model_file, atoms, calls, mode, out)
+    bare = bare_command(model_file, atoms, calls, mode, out, device)
     text = kl.md_script(data, pair_style, "Ar Kr", "") + "thermo 0\nrun 5\n" + bare
     if optimized:
         setting = "from nvalchemi_lammps.engine import optimize_torchscript as o; o(True)"
@@ -114,12 +124,13 @@ def interleaved_script(
     turns: int,
     calls: int,
     out: Path,
+    device: str,
 ) -> str:
     """Every style in each turn, its order rotating, a warm-up run after each ``pair_style``
     command; the bare model timed before the first turn and after each. ``pair_styles``:
     name -> (pair style, NVALCHEMI_LAMMPS_EXCHANGE), the setting made in the process's
     environment before the style's ``pair_style`` command (both doors read it there)."""
-    bare = bare_command(model_file, atoms, calls, "no", out)
+    bare = bare_command(model_file, atoms, calls, "no", out, device)
     names = list(pair_styles)
     first = pair_styles[names[0]][0]
     text = kl.md_script(data, first, "Ar Kr", "") + "thermo 0\nrun 5\n" + bare
@@ -149,10 +160,12 @@ def measure_interleaved(
     turns: int,
     calls: int,
     exchanges: list[str],
+    gpus: int = 1,
 ) -> list[dict]:
     """The eager ``styles`` in turns in one LAMMPS process; a row per style, and per each of
     ``exchanges`` for the styles of this project's file (``STYLE/comm`` for ``comm``)."""
     pair_styles, rows = {}, []
+    device = "cuda" if gpus else "cpu"
     data, system = crystal(atoms, LATTICE["mace"], folder / f"bench{atoms}.data")
     ours = folder / "mace32_e3nn.pt"
     for style in styles:
@@ -162,14 +175,14 @@ def measure_interleaved(
         model_file = folder / "mace32_own.pt" if whose == "mace-torch" else ours
         for exchange in exchanges if whose == "nvalchemi" else exchanges[:1]:
             name = style if exchange == "gather" else f"{style}/{exchange}"
-            pair_styles[name] = (door.pair_style(model_file, "cuda"), exchange)
+            pair_styles[name] = (door.pair_style(model_file, device), exchange)
     styles = list(pair_styles)
     workdir = folder / "runs" / "fixed" / f"{atoms}_interleaved"
     out = workdir / "bare_ms.txt"
     workdir.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
-    text = interleaved_script(data, pair_styles, ours, atoms, steps, turns, calls, out)
-    run = lammps.run(text, 1, 1, workdir, True, {})
+    text = interleaved_script(data, pair_styles, ours, atoms, steps, turns, calls, out, device)
+    run = lammps.run(text, 1, gpus, workdir, True, {})
     (workdir / "output.txt").write_text(run.output)
     base = {"atoms": len(system["positions"]), "dtype": "float32", "interleaved": styles}
     if run.returncode != 0:
@@ -215,8 +228,10 @@ def measure(
     turns: int,
     calls: int,
     optimized: bool = False,
+    gpus: int = 1,
 ) -> dict:
     door, whose, mode = kl.STYLES[style]
+    device = "cuda" if gpus else "cpu"
     extra, env = door.compiled(mode)
     data, system = crystal(atoms, LATTICE["mace"], folder / f"bench{atoms}.data")
     ours = folder / "mace32_e3nn.pt"
@@ -227,7 +242,7 @@ def measure(
     out.unlink(missing_ok=True)
     text = script(
         data,
-        door.pair_style(model_file, "cuda", extra),
+        door.pair_style(model_file, device, extra),
         ours,
         atoms,
         steps,
@@ -235,9 +250,10 @@ def measure(
         calls,
         mode,
         out,
+        device,
         optimized,
     )
-    run = lammps.run(text, 1, 1, workdir, door.kokkos, env)
+    run = lammps.run(text, 1, gpus, workdir, door.kokkos, env)
     (workdir / "output.txt").write_text(run.output)
     row = {"atoms": len(system["positions"]), "style": style, "dtype": "float32"}
     if optimized:
@@ -269,6 +285,13 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=20, help="bare model calls per turn")
     parser.add_argument("--json", type=Path, help="where to write the results")
     parser.add_argument(
+        "--gpus",
+        type=int,
+        choices=[0, 1],
+        default=1,
+        help="0: a KOKKOS LAMMPS for the host (the scripts tried on a CPU; no timings to keep)",
+    )
+    parser.add_argument(
         "--torchscript-optimized",
         action="store_true",
         help="TorchScript's optimizing executor on in the engine (off in a release)",
@@ -297,6 +320,7 @@ def main() -> int:
                 args.turns,
                 args.calls,
                 args.exchanges,
+                args.gpus,
             )
             rows += turn
             for row in turn:
@@ -324,6 +348,7 @@ def main() -> int:
                 args.turns,
                 args.calls,
                 optimized=args.torchscript_optimized,
+                gpus=args.gpus,
             )
             rows.append(row)
             if "error" in row:
