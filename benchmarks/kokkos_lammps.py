@@ -311,6 +311,7 @@ class Row:
     relative: float
     passed: bool
     detail: str = ""
+    exchange: str = ""  # the ways the run's log says ghost features went (both doors say)
 
 
 def compare(case: Case, run: LammpsRun, ref: dict) -> dict[str, float]:
@@ -379,16 +380,25 @@ def check(
             owned = atoms_per_rank(run.output)[-1]
             empty = "empty" not in label or owned[0] == 0  # the case it is named for
             detail = "" if empty else f"no rank was left without atoms: {owned}"
-            rows.append(
-                Row(case.name, label, worst, rel, empty and rel <= TOLERANCE[case.dtype], detail)
-            )
+            way = exchange_ways(run.output)
+            passed = empty and rel <= TOLERANCE[case.dtype]
+            rows.append(Row(case.name, label, worst, rel, passed, detail, way))
             print(
                 f"{case.name:7s} {label:20s} " + " ".join(f"{q} {d:.2e}" for q, d in diffs.items()),
                 flush=True,
             )
+            if way:
+                print(f"{'':28s} {way}", flush=True)
     if nve_steps:
         rows += nve(data, lammps, door, gpus, nve_steps, compile_mode)
     return rows
+
+
+def exchange_ways(output: str) -> str:
+    """The lines of a LAMMPS log that say how ghost features were exchanged, once each."""
+    way = re.compile(r"ghost features (gathered|by|through)")
+    lines = [line.strip() for line in output.splitlines() if way.search(line)]
+    return "; ".join(dict.fromkeys(lines))
 
 
 def md_script(data: Path, pair_style: str, elements: str, processors: str) -> str:
