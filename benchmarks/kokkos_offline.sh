@@ -49,7 +49,9 @@ stage() {
     fix_setforce fix_property_atom fix_minimize fix_neigh_history fix_dt_reset compute_temp
     pair_hybrid pair_hybrid_overlay pair_zero" \
     bash "$root/tools/cut_lammps_source.sh" "$tarball" "$dir/lammps"
-  tar cf - -C "$dir" lammps | xz -6 -T0 > "$dir/lammps-cut.tar.xz"
+  # the same bytes from the same sources (build's check of a packed LAMMPS compares them)
+  tar cf - --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$dir" lammps \
+    | xz -6 -T1 > "$dir/lammps-cut.tar.xz"
   rm -rf "$dir/lammps" "$tarball"
 
   "$root/.venv/bin/python" "$root/benchmarks/kokkos_lammps.py" prepare "$dir/models"
