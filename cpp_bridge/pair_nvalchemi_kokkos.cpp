@@ -489,7 +489,7 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::init_style()
    owner's (through intermediate ghosts, as LAMMPS folds forces), then zeroed.
    KOKKOS's device path packs and unpacks on the device; when KOKKOS takes its
    host path for pair communication (MPI not GPU-aware on several ranks,
-   docs/kokkos.md), the rows are staged through a host copy (none for a host
+   docs/gpus.md), the rows are staged through a host copy (none for a host
    execution space, whose memory is the host's).
 ------------------------------------------------------------------------- */
 

@@ -350,7 +350,7 @@ BUILDS = {
     ),
     "NVALCHEMI_LAMMPS_KOKKOS": (
         "build_lammps_kokkos.sh",
-        "no KOKKOS LAMMPS with the nvalchemi/kk plugin here (see docs/kokkos.md)",
+        "no KOKKOS LAMMPS with the nvalchemi/kk plugin here (see docs/kokkos_build.md)",
     ),
 }
 

@@ -1,5 +1,5 @@
 """The LAMMPS edits behind 2-rank message passing through KOKKOS ML-IAP on GPUs and its
-per-pair arrays' headroom (``tools/patch_lammps_kokkos.py``, docs/kokkos.md), checked on the
+per-pair arrays' headroom (``tools/patch_lammps_kokkos.py``, docs/gpus.md), checked on the
 pinned LAMMPS source that ``tools/build_lammps_mliap.sh`` keeps
 (``NVALCHEMI_LAMMPS_MLIAP/kokkos-source``).
 

@@ -218,7 +218,7 @@ class Model:
 
 
 #: KOKKOS's host path for pair communication (it takes it when told to or, on a GPU, when
-#: MPI is not GPU-aware on several ranks: docs/kokkos.md), instead of its device path
+#: MPI is not GPU-aware on several ranks: docs/gpus.md), instead of its device path
 #: (pack/unpack kernels on the execution space's memory: Serial here, a GPU's memory there)
 HOST_COMM = "package kokkos newton on neigh half comm/pair/forward host comm/pair/reverse host\n"
 

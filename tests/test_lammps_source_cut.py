@@ -1,5 +1,5 @@
 """The cut LAMMPS source that travels to GPU nodes without internet
-(``tools/cut_lammps_source.sh``, docs/kokkos.md) and the KOKKOS build script's check of a
+(``tools/cut_lammps_source.sh``, docs/kokkos_build.md) and the KOKKOS build script's check of a
 source tree's parts (``tools/build_lammps_kokkos.sh``), on small stand-in tarballs laid out
 as Debian's (no top folder) and as a release's (one top folder).
 

@@ -107,7 +107,7 @@ def _smoke_verdict(smoke: dict[str, Any]) -> str:
     return ("works, " if ok else "WRONG RESULT, ") + detail
 
 
-#: The command-line switches that put a LAMMPS run on KOKKOS's GPUs (docs/kokkos.md).
+#: The command-line switches that put a LAMMPS run on KOKKOS's GPUs (docs/gpus.md).
 KOKKOS_SWITCHES = "-k on g {gpus} -sf kk -pk kokkos newton on neigh half"
 
 
@@ -184,7 +184,7 @@ def report(lammps: dict[str, Any]) -> tuple[list[str], bool]:
             mliap += (
                 f"\n                          KOKKOS ({', '.join(kokkos)}): run with "
                 f"{KOKKOS_SWITCHES.format(gpus='N') if 'cuda' in kokkos else '-k on -sf kk'}"
-                " (docs/kokkos.md)"
+                " (docs/gpus.md)"
             )
     else:
         lacks = [

@@ -278,7 +278,7 @@ class _PairArrays:
                 "per step at 97,556 atoms on an H200). tools/build_lammps_kokkos.sh of "
                 "nvalchemi-lammps builds a LAMMPS that grows them with headroom; with this "
                 "LAMMPS, a 'run 0' on a box compressed by a few percent before the run "
-                "pre-grows them (docs/kokkos.md)",
+                "pre-grows them (docs/gpus.md)",
                 flush=True,
             )
 
