@@ -41,12 +41,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from nvalchemi_lammps import LocalGraph, evaluate, load_model, save_model
 from nvalchemi_lammps.frontends.plugin import LammpsComm
 from nvalchemi_lammps.potentials import mace as mace_module
-from nvalchemi_lammps.potentials._tensor_product_splits import (
+from nvalchemi_lammps.potentials.mace import Mace, _mace_torch, _potential
+from nvalchemi_lammps.potentials.mace._tensor_product_splits import (
     _same_output,
     _split_column_slices,
     split_tensor_product_inputs,
 )
-from nvalchemi_lammps.potentials.mace import Mace
 from nvalchemi_lammps.reference import evaluate_reference
 
 try:
@@ -523,7 +523,7 @@ def test_import_leaves_environment_alone():
 def test_missing_mace_torch(scale_shift, monkeypatch):
     """Without mace-torch, building a MACE model says which extra to install."""
     _, potential = scale_shift
-    monkeypatch.setattr(mace_module, "_MACE", None)
+    monkeypatch.setattr(_mace_torch, "_MACE", None)
     monkeypatch.setitem(sys.modules, "mace.modules", None)
     message = "the mace potential needs mace-torch: pip install 'nvalchemi-lammps[mace]'"
     with pytest.raises(ImportError, match=re.escape(message)):
@@ -897,7 +897,7 @@ def test_converter_limits(monkeypatch):
     message = "mace-torch's cuEquivariance converter does not take this MACE model ("
     with pytest.raises(ValueError, match=re.escape(message)):
         potential.kernels  # noqa: B018 - the network is made when first needed
-    monkeypatch.setattr(mace_module, "_auto_uses_cuequivariance", lambda device: True)
+    monkeypatch.setattr(_potential, "_auto_uses_cuequivariance", lambda device: True)
     auto = Mace.from_model(model)
     system = triclinic_ar_kr()
     with pytest.warns(UserWarning, match=re.escape("this MACE model runs on e3nn's kernels")):
