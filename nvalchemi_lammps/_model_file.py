@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 import struct
 import warnings
 import zipfile
@@ -41,6 +40,7 @@ from typing import Any
 
 import torch
 
+from ._foreign_files import EXPORT, head, is_torchscript, pickled_globals, text_line
 from .potentials import Potential, potential_class
 
 FORMAT = "nvalchemi-lammps-model"
@@ -262,36 +262,95 @@ def open_model(path: str | os.PathLike) -> LoadedModel:
 def read_record(path: str | os.PathLike) -> object:
     """The record a model file holds, unchecked, read without running code from the file.
 
-    Whatever the file's bytes, this returns or raises :class:`ModelFileError`: torch's
-    reader meets damaged archives with many kinds of exception (``IndexError``,
-    ``KeyError``, ``UnicodeDecodeError``, ``struct.error``, ...), none of which is a message
-    for a user.
+    Whatever the file's bytes, this returns or raises :class:`ModelFileError`, and names
+    what it was given when that is no model file: a directory, an empty or a text file, a
+    TorchScript archive, a pickle that names code (which is refused), or bytes of no known
+    kind (torch's reader meets damaged archives with many kinds of exception,
+    ``IndexError``, ``KeyError``, ``UnicodeDecodeError``, ``struct.error``, ..., none of
+    which is a message for a user).
 
     :raises ModelFileError: the file is missing, not a torch archive, or names any global
         other than :func:`mliap_model` (or a version-2 file's ML-IAP model class)
     """
     path = Path(path)
+    if path.is_dir():
+        raise ModelFileError(
+            f"model file {path} is a directory: pair_style nvalchemi reads one file, as "
+            f"nvalchemi-lammps export writes it; {EXPORT}"
+        )
     if not path.is_file():
         raise ModelFileError(f"model file {path} not found")
     try:
-        allowed = [(_record_argument, name) for name in (MLIAP_MODEL_GLOBAL, MLIAP_MODEL_GLOBAL_V2)]
-        with torch.serialization.safe_globals(allowed):
+        start = head(path)
+    except OSError as err:
+        raise ModelFileError(f"cannot read model file {path}: {err.strerror}") from None
+    if is_torchscript(path):
+        raise ModelFileError(
+            f"model file {path} is a TorchScript model, such as pair_style mace reads, not an "
+            f'nvalchemi-lammps model file; {EXPORT} (potential = "mace" takes a mace-torch '
+            "checkpoint)"
+        )
+    allowed = [(_record_argument, name) for name in (MLIAP_MODEL_GLOBAL, MLIAP_MODEL_GLOBAL_V2)]
+    try:
+        with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notes on pickle protocols, not ours
             return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        # the weights-only unpickler refuses any other global with this wording; anything
-        # else it raises is a pickle it cannot parse
-        if zipfile.is_zipfile(path) and "GLOBAL" in str(err) and "allowed global" in str(err):
-            raise ModelFileError(
-                f"model file {path} holds Python objects, not plain data: it was not written "
-                "by nvalchemi-lammps export, and is not loaded because that could run code "
-                "from it"
-            ) from None
-        reason = _first_line(err)
     except MemoryError:
         raise
     except Exception as err:  # noqa: BLE001  (see the docstring)
-        reason = f"{type(err).__name__}: {_first_line(err)}"
+        failure = err
+    named = pickled_globals(path)
+    refused = _refused(path, named or [])
+    if refused:
+        raise ModelFileError(
+            f"model file {path} holds Python objects, not plain data: it asks for "
+            f"{', '.join(refused)}, refused because loading that could run code from the "
+            f"file; it was not written by nvalchemi-lammps export: {EXPORT}"
+        )
+    if not start:
+        raise ModelFileError(f"model file {path} is empty; {REEXPORT}")
+    line = text_line(start)
+    if line is not None:
+        raise ModelFileError(
+            f"model file {path} is a text file, not a torch archive (it begins {line!r}); {EXPORT}"
+        )
+    if named is not None and not zipfile.is_zipfile(path):
+        raise ModelFileError(
+            f"model file {path} is a Python pickle, not a torch archive: it was not written "
+            f"by nvalchemi-lammps export; {EXPORT}"
+        )
     raise ModelFileError(
         f"cannot read model file {path}: not a torch archive (corrupt or truncated?): "
-        f"{reason[:200]}; {REEXPORT}"
+        f"{_torch_reason(failure)}; {REEXPORT}"
     )
+
+
+def _refused(path: Path, named: list[tuple[str, str]]) -> list[str]:
+    """Which of the globals ``named`` in ``path`` the weights-only reader refuses, as ``NAME
+    from module MODULE``, a model file's own aside: in a torch archive, those torch does not
+    take itself (its own static scan tells; where that cannot read the pickle, those outside
+    torch); in a bare pickle, every one."""
+    ours = {MLIAP_MODEL_GLOBAL, MLIAP_MODEL_GLOBAL_V2}
+    named = [(module, name) for module, name in named if f"{module}.{name}" not in ours]
+    if zipfile.is_zipfile(path):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+            named = [(module, name) for module, name in named if f"{module}.{name}" in unsafe]
+        except Exception:  # noqa: BLE001  (e.g. pickle protocol 4, which torch's scan lacks)
+            named = [(m, n) for m, n in named if m != "torch" and not m.startswith("torch.")]
+    return [f"{name} from module {module}" for module, name in named]
+
+
+def _torch_reason(err: BaseException) -> str:
+    """What torch's reader met, in whole sentences, without its advice about
+    ``weights_only`` (a model file never needs that protection off)."""
+    text = str(err).strip()
+    if "WeightsUnpickler error:" in text:  # the weights-only reader's own finding
+        text = text.split("WeightsUnpickler error:", 1)[1].strip()
+    line = text.splitlines()[0].strip() if text else ""
+    sentence = line.split(". ", 1)[0].rstrip(".")
+    if not sentence or "weights_only" in sentence:
+        return type(err).__name__
+    return f"{type(err).__name__}: {sentence}"

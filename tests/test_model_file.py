@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 import warnings
@@ -142,11 +143,21 @@ def _corrupt(tmp_path, kind: str):
     return path
 
 
-@pytest.mark.parametrize("kind", ["random-bytes", "empty", "truncated-zip"])
+@pytest.mark.parametrize("kind", ["random-bytes", "truncated-zip"])
 def test_corrupt_file(tmp_path, kind):
     path = _corrupt(tmp_path, kind)
-    message = f"cannot read model file {path}: not a torch archive (corrupt or truncated?)"
-    with pytest.raises(ModelFileError, match=re.escape(message)):
+    message = f"cannot read model file {path}: not a torch archive (corrupt or truncated?): "
+    with pytest.raises(ModelFileError, match=re.escape(message)) as info:
+        load_model(path)
+    # torch's finding in whole sentences, then how to get a good file; never its advice
+    reason = str(info.value)[len(message) :]
+    assert re.fullmatch(r"\w+: [^;]*[^.;]; export it again \(.*", reason), reason
+    assert "weights_only" not in reason
+
+
+def test_empty_file(tmp_path):
+    path = _corrupt(tmp_path, "empty")
+    with pytest.raises(ModelFileError, match=re.escape(f"model file {path} is empty; export it")):
         load_model(path)
 
 
@@ -167,8 +178,9 @@ def test_loading_never_runs_code_from_the_file(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({"format": FORMAT, "format_version": FORMAT_VERSION, "config": _Payload()}, path)
     message = (
-        f"model file {path} holds Python objects, not plain data: it was not written by "
-        "nvalchemi-lammps export, and is not loaded because that could run code from it"
+        f"model file {path} holds Python objects, not plain data: it asks for _side_effect "
+        "from module test_model_file, refused because loading that could run code from the "
+        "file; it was not written by nvalchemi-lammps export"
     )
     with pytest.raises(ModelFileError, match=re.escape(message)):
         load_model(path)
@@ -389,15 +401,136 @@ def test_string_format_version(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "content", ["units metal\n", "hello world\n", "."], ids=["IndexError", "KeyError", "stop"]
+    ("content", "begins"),
+    [("units metal\n", "units metal"), ("\nhello world\n", "hello world"), (".", ".")],
+    ids=["IndexError", "KeyError", "stop"],
 )
-def test_text_file_as_model(tmp_path, content):
+def test_text_file_as_model(tmp_path, content, begins):
     """torch's legacy reader raised IndexError or KeyError on these."""
     path = tmp_path / "text.pt"
     path.write_text(content)
-    message = f"cannot read model file {path}: not a torch archive (corrupt or truncated?)"
+    message = (
+        f"model file {path} is a text file, not a torch archive (it begins {begins!r}); "
+        "write a model file with nvalchemi-lammps export CONFIG.toml -o FILE.pt"
+    )
+    with pytest.raises(ModelFileError, match=f"^{re.escape(message)}$"):
+        load_model(path)
+
+
+# --- files that are something else: each named for what it is ----------------------------
+
+#: What ``_foreign`` builds, and the message each gets (``{path}`` filled in).
+FOREIGN = {
+    "torchscript": (
+        "model file {path} is a TorchScript model, such as pair_style mace reads, not an "
+        "nvalchemi-lammps model file; write a model file with nvalchemi-lammps export"
+    ),
+    "os-system": (
+        "model file {path} holds Python objects, not plain data: it asks for system from "
+        "module posix, refused because loading that could run code from the file"
+    ),
+    "text": "model file {path} is a text file, not a torch archive (it begins 'units metal')",
+    "directory": "model file {path} is a directory: pair_style nvalchemi reads one file",
+}
+
+
+class _System:
+    """Pickles as ``os.system(command)``."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+class _Doubling(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2.0 * x
+
+
+def _foreign(kind: str, folder: Path) -> Path:
+    """A file of ``kind`` (see :data:`FOREIGN`) named ``<kind>.pt`` in ``folder``; the
+    pickle's command would create ``folder/ran``."""
+    path = folder / f"{kind}.pt"
+    if kind == "torchscript":
+        with warnings.catch_warnings():  # deprecated in torch 2.10, still what MACE writes
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.jit.save(torch.jit.script(_Doubling()), path)
+    elif kind == "os-system":
+        torch.save({"weights": torch.ones(2), "run": _System(f"touch {folder / 'ran'}")}, path)
+    elif kind == "text":
+        path.write_text("units metal\natom_style atomic\n")
+    else:
+        path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize("kind", list(FOREIGN))
+def test_other_files_are_named_for_what_they_are(tmp_path, kind):
+    """Before: 'not a torch archive (corrupt or truncated?)' with torch's text cut at
+    'Re-running torch.load with weights_only set to False', or 'not found' (a directory)."""
+    path = _foreign(kind, tmp_path)
+    with pytest.raises(ModelFileError, match=re.escape(FOREIGN[kind].format(path=path))) as info:
+        load_model(path)
+    assert "weights_only" not in str(info.value) and "corrupt" not in str(info.value)
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda obj, path: torch.save(obj, path, pickle_protocol=4),
+        lambda obj, path: path.write_bytes(pickle.dumps(obj, protocol=4)),
+        lambda obj, path: path.write_bytes(pickle.dumps(obj, protocol=0)),
+    ],
+    ids=["torch-protocol-4", "bare-pickle", "bare-pickle-protocol-0"],
+)
+def test_pickles_asking_for_code_name_it(tmp_path, write):
+    """Also where torch's own scan of the pickle cannot read it, and outside an archive."""
+    path = tmp_path / "evil.pt"
+    write([_System(f"touch {tmp_path / 'ran'}"), {"a": 1}], path)
+    message = (
+        f"model file {path} holds Python objects, not plain data: it asks for system from "
+        "module posix, refused"
+    )
     with pytest.raises(ModelFileError, match=re.escape(message)):
         load_model(path)
+    assert not (tmp_path / "ran").exists()
+
+
+def test_bare_pickle_of_plain_data(tmp_path):
+    path = tmp_path / "plain.pt"
+    path.write_bytes(pickle.dumps({"weights": [1.0, 2.0]}, protocol=4))
+    message = f"model file {path} is a Python pickle, not a torch archive: it was not written"
+    with pytest.raises(ModelFileError, match=re.escape(message)):
+        load_model(path)
+
+
+@pytest.mark.lammps
+@pytest.mark.parametrize(
+    ("kind", "nprocs"),
+    [*((kind, 2) for kind in FOREIGN), ("torchscript", 1)],
+    ids=lambda v: f"np{v}" if isinstance(v, int) else v,
+)
+def test_other_files_through_lammps(tmp_path, kind, nprocs):
+    """``pair_style nvalchemi`` on each: one clear LAMMPS error, exit != 0, no hang, no
+    traceback, and the pickle's command never ran. Every kind on 2 ranks (each rank reads
+    the file), one on 1 rank (LAMMPS's single-rank path; the message is the same Python)."""
+    from nvalchemi_lammps.lammps_run import run_lammps
+
+    path = _foreign(kind, tmp_path)
+    script = (
+        "units metal\nregion box block 0 10 0 10 0 10\ncreate_box 1 box\n"
+        f"pair_style nvalchemi {path}\n"
+    )
+    run = run_lammps(script, nprocs, tmp_path / "run", timeout=120)
+    assert run.returncode not in (0, -9), run.output[-3000:]
+    errors = [line for line in run.output.splitlines() if "ERROR" in line]
+    expected = f"Pair style nvalchemi cannot load model {path}: " + FOREIGN[kind].format(path=path)
+    assert errors and all(expected in line for line in errors), run.output[-3000:]
+    assert "Traceback" not in run.output and "weights_only" not in run.output
+    assert not (tmp_path / "ran").exists()
 
 
 #: Mutations of real model files per kind; with the seed below they take a few seconds.
