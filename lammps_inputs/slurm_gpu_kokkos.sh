@@ -22,7 +22,8 @@ PREFIX=${PREFIX:-$HOME/lammps-kokkos}
 VENV=${VENV:-$HOME/nvalchemi-lammps/.venv}
 
 export PATH=$PREFIX/install/bin:$PATH
-export LD_LIBRARY_PATH=$PREFIX/install/lib:${LD_LIBRARY_PATH:-}
+libdir=$(dirname "$(ls "$PREFIX"/install/lib*/liblammps.so | head -n 1)")   # lib or lib64
+export LD_LIBRARY_PATH=$libdir:${LD_LIBRARY_PATH:-}
 # LAMMPS's embedded Python starts from the system prefix: give it the environment's packages
 site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 export PYTHONPATH=$PREFIX/python:$site:${PYTHONPATH:-}
