@@ -176,8 +176,9 @@ void PairNvalchemi::compute(int eflag, int vflag)
   step.want_pairs = vflag_either != 0;
   step.half_pairs = half_pairs;
   step.want_atom_energies = eflag_atom != 0;
-  // energies the model may leave unwritten read as zeros if stop_nonfinite() looks
-  if (!eflag_atom) std::fill(atom_energies, atom_energies + nlocal, 0.0);
+  step.tags = atom->tag;
+  step.tag_bytes = sizeof(tagint);
+  step.timestep = update->ntimestep;
   if (session->needs_positions()) {
     step.charges = atom->q_flag ? atom->q : nullptr;
     const double *h = domain->h;    // xprd yprd zprd yz xz xy
@@ -204,9 +205,8 @@ void PairNvalchemi::compute(int eflag, int vflag)
     abort_one(FLERR, fmt::format("Pair style nvalchemi failed at step {}: {}", update->ntimestep,
                                  with_type(err)));
   }
-  if (!std::isfinite(result.energy))
-    stop_nonfinite(result.npairs, result.atom_forces_written, result.pair_scalars_written, slot_i,
-                   slot_j);
+  // a non-finite energy, force or position: the session's report names the atoms
+  if (!result.nonfinite.empty()) abort_one(FLERR, "Pair style nvalchemi: " + result.nonfinite);
   apply_pair_forces(result.npairs, result.pair_scalars_written, slot_i, slot_j);
 
   // per-atom forces: the pairs' sum when that came back instead of the pairs, and the
@@ -281,60 +281,6 @@ void PairNvalchemi::apply_pair_forces(int npairs, bool scalars, const bigint *sl
     ev_tally_xyz(static_cast<int>(slot_i[k]), static_cast<int>(slot_j[k]), nlocal, 1, 0.0, 0.0,
                  fij[0], fij[1], fij[2], -d[0], -d[1], -d[2]);
   }
-}
-
-/* ----------------------------------------------------------------------
-   the model gave a non-finite energy or force on this rank (the energy comes
-   back NaN then): stop here, naming the atoms. Runs only on failure, so the
-   search costs nothing per step. Atoms on the same spot are the usual cause.
-------------------------------------------------------------------------- */
-
-void PairNvalchemi::stop_nonfinite(int npairs, bool atom_forces_written, bool scalars,
-                                   const bigint *slot_i, const bigint *slot_j)
-{
-  static constexpr int SHOWN = 8;    // atom IDs named in the message
-  const tagint *tag = atom->tag;
-  double **x = atom->x;
-  const int nlocal = atom->nlocal;
-  const int ntotal = nlocal + atom->nghost;
-  const std::string model = fmt::format("the {} ({})",
-      session->description().substr(0, session->description().find(':')), model_path);
-
-  for (int k = 0; k < ncandidates; k++) {
-    const bigint i = candidate_i[k], j = candidate_j[k];
-    if (x[i][0] == x[j][0] && x[i][1] == x[j][1] && x[i][2] == x[j][2])
-      abort_one(FLERR, fmt::format("Pair style nvalchemi: atoms {} and {} are on the same spot "
-                                   "({} {} {}) at step {}, where {} gives no finite energy",
-                                   tag[i], tag[j], x[i][0], x[i][1], x[i][2], update->ntimestep,
-                                   model));
-  }
-
-  std::vector<tagint> ids;
-  auto bad = [](const double *v, int n) {
-    for (int c = 0; c < n; c++)
-      if (!std::isfinite(v[c])) return true;
-    return false;
-  };
-  for (int i = 0; i < nlocal; i++)
-    if (bad(atom_energies + i, 1)) ids.push_back(tag[i]);
-  for (int k = 0; k < npairs; k++)
-    if (scalars ? bad(pair_scalars + k, 1) : bad(pair_forces + 3 * k, 3)) {
-      ids.push_back(tag[slot_i[k]]);
-      ids.push_back(tag[slot_j[k]]);
-    }
-  if (atom_forces_written)
-    for (int k = 0; k < ntotal; k++)
-      if (bad(atom_forces + 3 * k, 3)) ids.push_back(tag[k]);
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  std::string named;
-  for (size_t k = 0; k < ids.size() && k < SHOWN; k++) named += fmt::format(" {}", ids[k]);
-  if (ids.size() > SHOWN) named += fmt::format(" ... ({} atoms)", ids.size());
-  abort_one(FLERR, fmt::format("Pair style nvalchemi: {} returned non-finite energies or forces "
-                               "at step {}{}", model, update->ntimestep,
-                               ids.empty() ? std::string(" (each value is finite: their sum "
-                                                         "overflows, or the virial is not finite)")
-                                           : " on atoms" + named));
 }
 
 /* ----------------------------------------------------------------------

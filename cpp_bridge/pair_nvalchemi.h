@@ -91,8 +91,6 @@ class PairNvalchemi : public Pair {
   virtual std::string model_device(const std::string &given) const;
   void allocate();
   void check_same_model();
-  void stop_nonfinite(int npairs, bool atom_forces_written, bool scalars, const bigint *slot_i,
-                      const bigint *slot_j);
   void apply_pair_forces(int npairs, bool scalars, const bigint *slot_i, const bigint *slot_j);
   void log_traceback(const std::exception &err);
   [[noreturn]] void abort_one(const std::string &file, int line, const std::string &message);

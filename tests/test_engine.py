@@ -336,6 +336,50 @@ def test_energies_shape_is_checked(rows):
         evaluate(WrongShape(rows), LocalGraph(1, species, pi, pj, rij))
 
 
+class WrongReturn(WrongShape):
+    name = "test_wrong_return"
+
+    def __init__(self, returns: str) -> None:
+        super().__init__(2)
+        self.returns = returns
+
+    def forward(self, graph: LocalGraph):
+        energies = super().forward(graph)
+        if self.returns == "int64":
+            return energies.to(torch.int64)
+        return energies.tolist() if self.returns == "list" else None
+
+
+@pytest.mark.parametrize(
+    ("returns", "what"),
+    [("int64", "a tensor of dtype torch.int64"), ("list", "a list"), ("none", "None")],
+    ids=["int64", "list", "none"],
+)
+def test_energies_type_and_dtype_are_checked(returns, what):
+    """Before: int64 energies gave energy 0 and zero forces; a list or None an
+    AttributeError about ``shape``."""
+    _nlocal, species, pi, pj, rij = _pair_graph([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]])
+    message = (
+        f"potential 'test_wrong_return' returned {what}: its forward must return a "
+        "floating-point torch.Tensor of shape (2,)"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        evaluate(WrongReturn(returns), LocalGraph(1, species, pi, pj, rij))
+
+
+@pytest.mark.parametrize("closed_form", [True, False], ids=["pair-terms", "forward"])
+def test_non_finite_positions_make_the_evaluation_not_finite(closed_form):
+    """An atom at a NaN position is in no pair (LAMMPS's cutoff test drops it), so only its
+    position shows it: given positions count in ``finite``. Before: finite."""
+    nlocal, species, pi, pj, rij = _pair_graph([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]])
+    positions = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [float("nan"), 0.0, 0.0]])
+    species = torch.zeros(3, dtype=torch.int64)
+    potential = lennard_jones(fcc_argon()) if closed_form else Embedding()
+    graph = LocalGraph(nlocal, species, pi, pj, rij, positions=positions.double())
+    assert not evaluate(potential, graph).finite
+    assert evaluate(potential, dataclasses.replace(graph, positions=positions[:2].double())).finite
+
+
 def _half(graph, keep: np.ndarray):
     """``graph`` with only the pairs in ``keep``."""
     return dataclasses.replace(

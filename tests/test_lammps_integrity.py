@@ -10,7 +10,12 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from _broken_models import ExitingLennardJones, NonFiniteLennardJones, importable_in_lammps
+from _broken_models import (
+    ExitingLennardJones,
+    NonFiniteLennardJones,
+    WrongReturnLennardJones,
+    importable_in_lammps,
+)
 from lammps_helpers import AR_EPSILON, AR_SIGMA, BASE_EXCEPTIONS, CUTOFF, NE_EPSILON, NE_SIGMA
 
 from nvalchemi_lammps import LennardJones, save_model
@@ -196,6 +201,48 @@ def test_non_finite_model_output_stops_naming_step_and_atoms(nprocs, argon_data,
     named = _errors(run).split("on atoms", 1)[1].split("(")[0].split()
     assert set(named) <= {"5", "9"} and named, _errors(run)
     assert "Non-numeric" not in run.output
+
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=lambda n: f"np{n}")
+def test_non_finite_position_is_named(nprocs, argon_data, tmp_path):
+    """Atom 1 given a NaN velocity: from step 1 its position is NaN, it drops out of every
+    pair (``r < cutoff`` is false for NaN) and LAMMPS never rebuilds its lists (a NaN
+    displacement never passes the skin check). Before: finite energies and exit 0."""
+    model = save_model(LennardJones(**ARGON, cutoff=CUTOFF), tmp_path / "argon.pt")
+    before_run = """
+        variable nan atom 1e300*1e300-1e300*1e300
+        set atom 1 vx v_nan
+        fix nve all nve
+        """
+    script = _script(argon_data, model, "Ar", before_run, run="run 3")
+    run = run_lammps(script, nprocs, tmp_path, timeout=TIMEOUT)
+    _assert_fails_with(
+        run,
+        "Pair style nvalchemi: atom 1 with a non-finite position at step 1",
+        f"drops out of every pair of the lennard_jones model ({model})",
+    )
+
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=lambda n: f"np{n}")
+@pytest.mark.parametrize(
+    ("returns", "what"),
+    [("int64", "a tensor of dtype torch.int64"), ("list", "a list"), ("none", "None")],
+    ids=["int64", "list", "none"],
+)
+def test_wrong_return_of_a_potential_is_named(returns, what, nprocs, argon_data, tmp_path):
+    """A potential whose forward returns int64 energies, a list or None: before, pe 0 and
+    zero forces with exit 0 (int64), or a raw AttributeError."""
+    model = save_model(
+        WrongReturnLennardJones(**ARGON, cutoff=CUTOFF, returns=returns), tmp_path / "wrong.pt"
+    )
+    env = {"PYTHONPATH": importable_in_lammps(tmp_path / "site")}
+    run = run_lammps(_script(argon_data, model, "Ar"), nprocs, tmp_path, timeout=TIMEOUT, env=env)
+    _assert_fails_with(
+        run,
+        "Pair style nvalchemi failed at step 0: ValueError: potential "
+        f"'test_wrong_return_lennard_jones' returned {what}: its forward must return a "
+        "floating-point torch.Tensor of shape",
+    )
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=lambda n: f"np{n}")

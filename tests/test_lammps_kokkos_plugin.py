@@ -582,7 +582,7 @@ def test_null_type_of_a_hybrid(kokkos_lammps, lj_model, nprocs, tmp_path):
 @pytest.mark.parametrize("nprocs", [1, 2])
 def test_non_finite_results_stop_every_rank(kokkos_lammps, lj_model, nprocs, tmp_path):
     """Two atoms on the same spot: the model's energy is not finite; the run stops on every
-    rank, naming the atoms by ID."""
+    rank, naming the atoms by ID (the report all doors share)."""
     positions, cell, species = ar_ne_slab(4)
     positions[1] = positions[0]
     data = write_lammps_data(tmp_path / "slab.data", positions, cell, species + 1, MASSES)
@@ -592,7 +592,29 @@ def test_non_finite_results_stop_every_rank(kokkos_lammps, lj_model, nprocs, tmp
     run = kokkos_lammps.run(script, nprocs, tmp_path / "kk")
     assert run.returncode != 0
     assert "Pair style nvalchemi/kk failed at step 0" in run.output, run.output[-3000:]
-    assert "non-finite energies or forces on atoms 1 2" in run.output, run.output[-3000:]
+    assert "atoms 1 and 2 are on the same spot" in run.output, run.output[-3000:]
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_non_finite_position_stops_every_rank(kokkos_lammps, lj_model, nprocs, tmp_path):
+    """Atom 1 given a NaN velocity: from step 1 its position is NaN and it drops out of every
+    pair within the cutoff. Before: finite energies and exit 0."""
+    positions, cell, species = ar_ne_slab(4)
+    data = write_lammps_data(tmp_path / "slab.data", positions, cell, species + 1, MASSES)
+    script = run0_header(str(data), f"processors 1 1 {nprocs}") + textwrap.dedent(
+        f"""\
+        pair_style nvalchemi {lj_model[1]}
+        pair_coeff * * Ar Ne
+        variable nan atom 1e300*1e300-1e300*1e300
+        set atom 1 vx v_nan
+        fix nve all nve
+        run 3
+        """
+    )
+    run = kokkos_lammps.run(script, nprocs, tmp_path / "kk")
+    assert run.returncode != 0, run.output[-3000:]
+    assert "Pair style nvalchemi/kk failed at step 1" in run.output, run.output[-3000:]
+    assert "atom 1 with a non-finite position" in run.output, run.output[-3000:]
 
 
 #: the plugin's checks, through nvalchemi/kk (tests/test_lammps_errors.py runs them all
@@ -605,6 +627,7 @@ ERRORS = [
     "task_for_lj",
     "compile_mode_unknown",
     "newton_off",
+    "pair_modify_mix",
 ]
 
 

@@ -74,7 +74,7 @@ def _energy_and_finite(owned: torch.Tensor, grads: list[torch.Tensor]) -> tuple[
     energy needs anyway: a sum is finite iff all its terms are (short of overflowing past
     1e308, which no force of a working model reaches), so one reduction per gradient on
     its device, read back with the energy."""
-    sums = torch.stack([owned.sum(), *(g.sum().to(owned.dtype) for g in grads)])
+    sums = torch.stack([owned.sum(), *(g.sum().to(owned.device, owned.dtype) for g in grads)])
     energy, *rest = sums.tolist()
     return energy, all(map(math.isfinite, [energy, *rest]))
 
@@ -92,12 +92,41 @@ def _check_pair_vectors(graph: LocalGraph) -> None:
     )
 
 
+def _finite_inputs(graph: LocalGraph) -> bool:
+    """Whether the pair vectors and the positions (if given) are finite, in one host sync."""
+    total = graph.rij.sum()
+    if graph.positions is not None:
+        total = total + graph.positions.sum().to(total.device)
+    return bool(torch.isfinite(total))
+
+
 def _checked(result: Evaluation, graph: LocalGraph) -> Evaluation:
     """``result``, whose finiteness includes that of ``graph``'s pair vectors (read back with
     the energy, without a host sync of its own); if those are not finite, say which."""
     if not result.finite:
         _check_pair_vectors(graph)
     return result
+
+
+def _check_energies(potential: Potential, energies: object, ntotal: int) -> None:
+    """Refuse what a potential's forward returned unless it is a floating-point tensor of
+    one energy per row, naming the potential and what it gave (an integer tensor would run
+    on with zero forces; a list or ``None`` would fail far from the cause)."""
+    if not isinstance(energies, torch.Tensor):
+        got = "None" if energies is None else f"a {type(energies).__name__}"
+    elif not energies.dtype.is_floating_point:
+        got = f"a tensor of dtype {energies.dtype}"
+    elif energies.shape != (ntotal,):
+        raise ValueError(
+            f"potential '{potential.name}' returned energies of shape {tuple(energies.shape)}, "
+            f"wanted ({ntotal},)"
+        )
+    else:
+        return
+    raise ValueError(
+        f"potential '{potential.name}' returned {got}: its forward must return a "
+        f"floating-point torch.Tensor of shape ({ntotal},), one energy per atom row"
+    )
 
 
 def potential_device(potential: Potential) -> torch.device:
@@ -133,7 +162,9 @@ def evaluate(
 
     A potential whose spec ``needs_positions`` also gets ``positions`` (owned and ghost
     rows), ``cell``, ``pbc`` and ``charges`` (if any); it is differentiated with respect to
-    positions and cell too. Any other potential sees none of them. ``total_charge``,
+    positions and cell too. Any other potential sees none of them, but ``positions`` given
+    for it count in :attr:`Evaluation.finite` (an atom at a NaN position drops out of every
+    pair, so only its position shows it), read back with the energy. ``total_charge``,
     ``spin`` and ``task`` describe the whole system (the same on every rank).
 
     With ``pair_scalars`` the caller takes a pair potential's forces as one scalar per pair
@@ -157,10 +188,12 @@ def evaluate(
     if rij.dtype != torch.float64:
         raise TypeError(f"pair vectors must be float64, got {rij.dtype}")
     spec = potential.spec
-    if spec.needs_positions:
+    if spec.needs_positions and not _finite_inputs(graph):
         # positions may index grids or cells: stop before the potential reads them (else the
-        # pair vectors' sum is read back with the energy, see _checked)
+        # pair vectors' sum is read back with the energy, see _checked). Non-finite
+        # positions come back as a non-finite evaluation: the front door names the atoms.
         _check_pair_vectors(graph)
+        return Evaluation(math.nan, atom_energies=None, pair_forces=None, finite=False)
     dtype = spec.torch_dtype
     device = potential_device(potential)
     leaf = rij.detach().to(device, non_blocking=True).requires_grad_(True)
@@ -182,6 +215,8 @@ def evaluate(
             "charges": None if graph.charges is None else graph.charges.to(device, dtype),
         }
     given = graph
+    # what else must be finite, read back with the energy
+    checked = [] if given.positions is None else [given.positions.detach()]
     graph = dataclasses.replace(
         graph,
         species=graph.species.to(device, non_blocking=True),
@@ -196,7 +231,7 @@ def evaluate(
             terms = potential.pair_terms(graph)
         if terms is not None:
             result = _from_pair_terms(
-                graph, leaf.detach(), *terms, pair_scalars, half_pairs, atom_energies
+                graph, leaf.detach(), *terms, pair_scalars, half_pairs, atom_energies, checked
             )
             return _checked(result, given)
         if half_pairs:
@@ -206,11 +241,7 @@ def evaluate(
     # the calling thread's setting (optimize_torchscript), restored after
     with torch.jit.optimized_execution(_torchscript_optimized):
         energies = potential(graph)
-        if energies.shape != (graph.ntotal,):
-            raise ValueError(
-                f"potential '{potential.name}' returned energies of shape {tuple(energies.shape)}, "
-                f"wanted ({graph.ntotal},)"
-            )
+        _check_energies(potential, energies, graph.ntotal)
         owned = energies[:nlocal]
         total = owned.sum()
         grads = [None] * len(leaves)
@@ -223,7 +254,7 @@ def evaluate(
                 grads = list(torch.autograd.grad(total, leaves, allow_unused=True))
     grads = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads)]
     owned = owned.detach().to(torch.float64)
-    energy, finite = _energy_and_finite(owned, [*grads, leaf.detach()])
+    energy, finite = _energy_and_finite(owned, [*grads, leaf.detach(), *checked])
     result = _checked(
         Evaluation(energy, atom_energies=owned, pair_forces=grads[0], finite=finite), given
     )
@@ -250,6 +281,7 @@ def _from_pair_terms(
     scalars: bool,
     half: bool,
     per_atom: bool,
+    checked: list[torch.Tensor],
 ) -> Evaluation:
     """The evaluation of a pair potential from its closed form (``Potential.pair_terms``).
     Receivers are owned atoms (the contract), so every pair's share is owned energy; on a
@@ -272,7 +304,9 @@ def _from_pair_terms(
         rows = energies if half else energies[: graph.nlocal]
     pair_forces = None if scalars else derivative.unsqueeze(1) * rij
     summed = pair_energy if rows is None else rows
-    energy, finite = _energy_and_finite(summed, [derivative if scalars else pair_forces, rij])
+    energy, finite = _energy_and_finite(
+        summed, [derivative if scalars else pair_forces, rij, *checked]
+    )
     if rows is None and half:
         energy *= 2.0  # each share stands for both atoms' (exact: a power of two)
     return Evaluation(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 #: Bumped with every change of the record's fields or of what ``compute`` returns; the
 #: same number is compiled into the pair style (``STEP_PROTOCOL`` in python_bridge.cpp).
-STEP_PROTOCOL = 3
+STEP_PROTOCOL = 4
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,10 @@ class StepRecord:
         ``needs_positions`` and a LAMMPS with charges, else ``None``
     :param cell: 9 float64, lattice vectors as rows (``needs_positions``), else ``None``
     :param periodic: periodicity of each lattice direction (``needs_positions``)
+    :param tags: ``ntotal`` atom IDs (LAMMPS's ``tagint``, ``tag_bytes`` each), read only
+        to name atoms in a report
+    :param tag_bytes: the size of one atom ID, 4 or 8
+    :param timestep: LAMMPS's step, for reports
     :param virial: 6 float64 written, xx yy zz xy xz yz, the part ``sum x . f`` misses
         (``needs_positions``), else ``None``
     """
@@ -81,6 +85,9 @@ class StepRecord:
     atom_energies: memoryview
     atom_forces: memoryview
     collectives: object
+    tags: memoryview
+    tag_bytes: int
+    timestep: int
     charges: memoryview | None = None
     cell: memoryview | None = None
     periodic: tuple[bool, bool, bool] | None = None
@@ -94,16 +101,19 @@ class StepRecord:
 class StepResult:
     """What ``compute`` returns to the pair style.
 
-    :param energy: this rank's energy, NaN when any energy or force is not finite (the pair
-        style then finds the atoms)
+    :param energy: this rank's energy, NaN when any energy, force or position is not
+        finite (``nonfinite`` then says which atoms, and the pair style stops with it)
     :param npairs: pairs written back into the slots (``pair_i``, ``pair_j``, ``rij``,
         ``pair_forces``), or 0
     :param atom_forces_written: ``atom_forces`` holds the forces
     :param pair_scalars_written: the pairs' forces came back as ``pair_scalars`` (``fij =
         s * rij``), not in ``pair_forces``
+    :param nonfinite: with a NaN ``energy``, the report naming the atoms and the step
+        (:func:`~._write_back.nonfinite_report`); else empty
     """
 
     energy: float
     npairs: int
     atom_forces_written: bool
     pair_scalars_written: bool = False
+    nonfinite: str = ""

@@ -1,7 +1,7 @@
 """Python side of ``pair_style nvalchemi/kk`` (cpp_bridge/pair_nvalchemi_kokkos.cpp).
 
 The KOKKOS variant of the plugin's pair style loads its model through the same
-:class:`~nvalchemi_lammps.frontends.plugin.PluginSession` (keywords, strategy, checks), and
+:class:`~nvalchemi_lammps.frontends.session.Session` (keywords, strategy, checks), and
 each step calls :func:`compute` with one :class:`KokkosStepRecord`: DLPack capsules over
 arrays in the KOKKOS execution space's memory (host memory for Kokkos's Serial or OpenMP
 spaces, GPU memory for CUDA), wrapped by ``torch.from_dlpack`` without a copy. The pair
@@ -9,7 +9,7 @@ style's Kokkos kernels take the pairs within the cutoff from KOKKOS's full neigh
 (cutoff plus skin) each step, with their ``rij`` and each atom's element; the forces (and
 per-atom energies and virials, when LAMMPS asks) are added into LAMMPS's own arrays in
 place. Nothing per atom or per pair goes through the host, except what LAMMPS's own host
-path for pair communication stages (docs/kokkos.md). The ghost-feature exchanges go by
+path for pair communication stages (docs/gpus.md). The ghost-feature exchanges go by
 the pair style's exchange plan on one rank (a gather by owned row: every ghost is an image
 of an owned atom) and on several where KOKKOS would stage them through the host (the
 remote atoms' rows once each); through KOKKOS's pair communication otherwise
@@ -34,10 +34,11 @@ from typing import Any
 import torch
 
 from ..contract import LocalGraph
-from ..engine import Evaluation, evaluate
+from ..engine import evaluate
 from ._lammps_comm import ExchangePlan, PlanComm, exchanged_into, summed_over_ranks
 from ._streams import fence
-from .plugin import PluginSession
+from ._write_back import add_forces, nonfinite_report, pair_virials
+from .session import Session
 
 __all__ = [
     "KokkosComm",
@@ -46,9 +47,6 @@ __all__ = [
     "check_device",
     "compute",
 ]
-
-#: atom IDs named in a message about non-finite results
-_SHOWN = 8
 
 
 @dataclass(frozen=True)
@@ -206,7 +204,7 @@ class KokkosComm(PlanComm):
         return summed_over_ranks(self.collectives, x)
 
 
-def compute(session: PluginSession, step: KokkosStepRecord) -> KokkosStepResult:
+def compute(session: Session, step: KokkosStepRecord) -> KokkosStepResult:
     """One step on one rank: LAMMPS's arrays in, forces (energies, virials) added in place."""
     nlocal, ntotal = step.nlocal, step.ntotal
     x = _view(step.positions)
@@ -216,7 +214,8 @@ def compute(session: PluginSession, step: KokkosStepRecord) -> KokkosStepResult:
     species, pair_i, pair_j, rij = (
         _view(a) for a in (step.species, step.pair_i, step.pair_j, step.rij)
     )
-    inputs: dict[str, Any] = {}
+    # positions for every model: their finiteness is read back with the energy
+    inputs: dict[str, Any] = {"positions": x}
     if session.needs_positions:
         charges = _view(step.charges)
         inputs = {
@@ -246,34 +245,19 @@ def compute(session: PluginSession, step: KokkosStepRecord) -> KokkosStepResult:
     )
     result = evaluate(session.potential, graph)
     if not result.finite:
-        _stop_nonfinite(session, step, result, pair_i, pair_j)
+        tags = _view(step.tags)[:ntotal]
+        raise ValueError(
+            nonfinite_report(session.model_name(), result, tags, pair_i, pair_j, rij, x)
+        )
 
-    forces = _view(step.forces)[:ntotal]
-    pair_forces = result.pair_forces.to(device=forces.device, dtype=forces.dtype)
-    forces.index_add_(0, pair_i, pair_forces)
-    forces.index_add_(0, pair_j, pair_forces, alpha=-1.0)
-    if result.atom_forces is not None:
-        forces += result.atom_forces.to(device=forces.device, dtype=forces.dtype)
+    add_forces(_view(step.forces)[:ntotal], pair_i, pair_j, result)
     atom_energies = _view(step.atom_energies)
     if atom_energies is not None:
         atom_energies[:nlocal] += result.atom_energies.to(atom_energies.device)
     virial = None
     atom_virials = _view(step.atom_virials)
     if step.pair_virial or atom_virials is not None:
-        # (x_i - x_j) (x) f_i = -rij (x) fij, as LAMMPS's ev_tally_xyz: xx yy zz xy xz yz,
-        # half onto i and half onto j
-        d, fij = -rij, result.pair_forces.to(rij.device)
-        per_pair = torch.stack(
-            (
-                d[:, 0] * fij[:, 0],
-                d[:, 1] * fij[:, 1],
-                d[:, 2] * fij[:, 2],
-                d[:, 0] * fij[:, 1],
-                d[:, 0] * fij[:, 2],
-                d[:, 1] * fij[:, 2],
-            ),
-            dim=1,
-        )
+        per_pair = pair_virials(rij, result.pair_forces)
         if atom_virials is not None:
             half = (0.5 * per_pair).to(atom_virials.dtype)
             atom_virials[:ntotal].index_add_(0, pair_i, half)
@@ -283,7 +267,7 @@ def compute(session: PluginSession, step: KokkosStepRecord) -> KokkosStepResult:
     if result.virial is not None:  # what f.r of the non-pairwise forces misses
         extra = result.virial.to(x.device, torch.float64)
         virial = extra if virial is None else virial + extra
-    fence(forces.device)  # LAMMPS's kernels read the forces next
+    fence(x.device)  # LAMMPS's kernels read the forces next
     return KokkosStepResult(
         result.energy, None if virial is None else tuple(float(v) for v in virial.cpu())
     )
@@ -307,28 +291,3 @@ def check_device(arrays: torch.device, model: torch.device) -> None:
             f"the keyword device of pair_style nvalchemi (the model then runs where KOKKOS "
             f"runs) or give device {arrays}"
         )
-
-
-def _stop_nonfinite(
-    session: PluginSession,
-    step: KokkosStepRecord,
-    result: Evaluation,
-    pair_i: torch.Tensor,
-    pair_j: torch.Tensor,
-) -> None:
-    """Raise naming the atoms (IDs) with a non-finite energy or force: runs only on
-    failure, so the search costs nothing per step."""
-    tags = _view(step.tags)[: step.ntotal].long()
-    energies = ~torch.isfinite(result.atom_energies)
-    pairs = ~torch.isfinite(result.pair_forces).all(dim=1)
-    rows = [energies.nonzero()[:, 0].to(tags.device), pair_i[pairs], pair_j[pairs]]
-    if result.atom_forces is not None:
-        rows.append((~torch.isfinite(result.atom_forces).all(dim=1)).nonzero()[:, 0])
-    ids = sorted({int(t) for t in tags.index_select(0, torch.cat(rows).to(tags.device)).cpu()})
-    named = " ".join(str(t) for t in ids[:_SHOWN])
-    if len(ids) > _SHOWN:
-        named += f" ... ({len(ids)} atoms)"
-    raise ValueError(
-        f"the {session.potential.name} model returned non-finite energies or forces"
-        + (f" on atoms {named}" if ids else " (each value is finite: their sum overflows)")
-    )

@@ -1,0 +1,276 @@
+"""One model loaded for one LAMMPS pair style on one rank: the session every front door
+uses (``pair_style nvalchemi`` and ``nvalchemi/kk`` through cpp_bridge/, ``mliap unified``).
+
+A :class:`Session` loads the model file, resolves the strategy, sets the system state, the
+compile mode and the device, runs the checks LAMMPS asks for at setup, keeps the timing hook
+and the copies between LAMMPS's host arrays and the model's device. A front door reads
+LAMMPS's arrays into a :class:`~nvalchemi_lammps.contract.LocalGraph`, evaluates it with
+:func:`~nvalchemi_lammps.engine.evaluate` on :attr:`Session.potential` and writes back
+through :mod:`._write_back`; no door imports another.
+
+Public hooks for tools that drive LAMMPS in this interpreter: :func:`opened_sessions` and
+:attr:`Session.timings`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import warnings
+import weakref
+from pathlib import Path
+
+import torch
+
+from .._elements import map_elements
+from .._model_file import ModelFileWarning, open_model
+from .._torch_blas import blas_library
+from ..contract import REPORT_ENV, resolve_strategy
+from ..engine import CompiledPotential, compile_potential, takes_half_pairs
+
+__all__ = ["Phases", "Session", "Staging", "opened_sessions", "select_device"]
+
+
+class Session:
+    """One loaded model inside one LAMMPS pair style instance on one rank.
+
+    :param path: the model file (``nvalchemi-lammps export``)
+    :param num_threads: LAMMPS's thread count per rank (torch's intra-op threads)
+    :param device: ``cpu``, ``cuda`` (one GPU per rank by ``local_rank``) or ``cuda:N``
+    :param local_rank: this rank's number among the ranks of its node
+    """
+
+    def __init__(
+        self, path: str, num_threads: int, device: str = "cpu", local_rank: int = 0
+    ) -> None:
+        self.path = str(path)
+        self.device = select_device(device, local_rank)
+        with warnings.catch_warnings():
+            # a file without digest: the pair style says so once, on rank 0
+            warnings.simplefilter("ignore", ModelFileWarning)
+            loaded = open_model(path)
+        self.potential = loaded.potential.to(self.device)
+        # what the ranks compare at init: the same model everywhere
+        self.digest, self.digest_verified = loaded.digest, loaded.verified
+        spec = self.potential.spec
+        self.units = spec.units
+        self.elements = list(spec.elements)
+        self.needs_positions = bool(spec.needs_positions)
+        self.set_strategy("auto")  # cutoff, layers, ghost_cutoff: the decision's
+        self.total_charge = 0.0
+        self.spin: int | None = None
+        self.task: str | None = None
+        # the model's tensors on a GPU: the pair style then keeps pairs there between
+        # neighbor-list builds and sends positions only
+        self.on_device = self.device.type != "cpu"
+        self.stage = Staging(self.device)
+        #: Seconds per phase of a step (``topology``, ``positions``, ``filter``, ``model``,
+        #: ``forces``; CUDA-synchronized at each mark) and inside collectives
+        #: (``collectives``, part of ``model``), added up while a benchmark sets a dict here:
+        #: the public timing hook (:func:`opened_sessions` finds the session).
+        self.timings: dict[str, float] | None = None
+        # LAMMPS's own thread count per rank (OMP_NUM_THREADS / -pk omp); torch's default
+        # of one thread per core oversubscribes the cores shared by several ranks.
+        torch.set_num_threads(max(1, num_threads))
+        _OPENED.append(weakref.ref(self))
+
+    def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A host tensor of ``shape`` reused under ``name`` (pinned for a GPU), for the
+        exchange plan's transfers between ranks."""
+        return self.stage.buffer(name, shape, dtype)
+
+    def describe(self) -> str:
+        spec = self.potential.spec
+        return (
+            f"{self.potential.name} model: elements {' '.join(spec.elements)}, "
+            f"cutoff {spec.cutoff:g}, units {spec.units}, {spec.dtype}, on {self.device}, "
+            f"BLAS of {_blas_name()}"
+        )
+
+    def set_strategy(self, strategy: str) -> None:
+        """How ghosts reach past one cutoff (``pair_style ... strategy exchange|shell|auto``),
+        decided here once (:func:`~nvalchemi_lammps.contract.resolve_strategy`): the pair
+        style reads ``strategy`` back, and the decision is reported where
+        :data:`~nvalchemi_lammps.contract.REPORT_ENV` says."""
+        decision = resolve_strategy(self.potential.spec, strategy, self.potential.name)
+        self.strategy = decision.name
+        self.uses_exchange = decision.exchange
+        # the cutoffs the pair style reads back, from the one record that decides them
+        self.cutoff = decision.cutoff
+        self.ghost_cutoff = decision.ghost_cutoff
+        self.layers = decision.layers
+        folder = os.environ.get(REPORT_ENV)
+        if folder:
+            _write_json(Path(folder) / f"strategy-{os.getpid()}.json", decision.to_dict())
+
+    def set_system_state(self, charge: float, spin: int, task: str) -> None:
+        """The whole system's net charge, spin multiplicity and task (``pair_style ...
+        charge Q spin S task NAME``; spin < 0 and an empty task: not given), handed to the
+        model every step. Models that predict no charges ignore the charge; a spin or task
+        the model cannot take is refused here, before the run."""
+        spin_given = None if spin < 0 else int(spin)
+        task_given = task or None
+        self.potential.check_system_state(spin=spin_given, task=task_given)
+        self.total_charge, self.spin, self.task = float(charge), spin_given, task_given
+
+    def check_box(self, periodic: tuple[bool, bool, bool]) -> None:
+        """Refuse, at the run's setup on every rank, a box the model cannot run in (its
+        periodicity along x, y and z; ``Potential.check_box``), rather than at its first
+        step on each rank."""
+        self.potential.check_box(tuple(bool(p) for p in periodic))
+
+    def set_compile(self, mode: str) -> str:
+        """Run the model under ``torch.compile`` in ``mode`` on graphs padded to fixed
+        capacities (``pair_style ... compile MODE``), or eagerly (``no``). Returns what runs
+        compiled, for LAMMPS's log ("" when nothing does)."""
+        if mode == "no":
+            return ""
+        self.potential = compile_potential(self.potential, mode)
+        compiled = ", ".join(m.name for m in self._compiled())
+        parts = self.potential.parts()  # a pipeline's terms
+        eager = [t.name for t in parts if not isinstance(t, CompiledPotential)]
+        return f"torch.compile ({mode}): {compiled}" + (
+            f"; eager: {', '.join(eager)}" if eager else ""
+        )
+
+    def compile_status(self) -> tuple[int, int, int]:
+        """Graphs compiled so far (-1 when not compiling), the atom capacity graphs are
+        padded to and the pair capacity (summed over a pipeline's compiled terms)."""
+        compiled = self._compiled()
+        if not compiled:
+            return -1, 0, 0
+        return (
+            sum(m.compilations for m in compiled),
+            max(m.atom_capacity for m in compiled),
+            sum(m.pair_capacity for m in compiled),
+        )
+
+    def _compiled(self) -> list[CompiledPotential]:
+        return [m for m in self.potential.modules() if isinstance(m, CompiledPotential)]
+
+    @property
+    def half_pairs(self) -> bool:
+        """The pair style may hand each pair once (a half neighbor list, as ``lj/cut``
+        uses): a one-layer model whose pair terms are symmetric
+        (:func:`~nvalchemi_lammps.engine.takes_half_pairs`). Read at each ``init_style``,
+        after ``strategy`` and ``compile`` are set."""
+        return self.layers == 1 and takes_half_pairs(self.potential)
+
+    def map_types(self, names: list[str]) -> list[int]:
+        return map_elements(names, self.potential.spec.elements)
+
+    def model_name(self) -> str:
+        """The model as messages name it: ``the NAME model (PATH)``."""
+        return f"the {self.potential.name} model ({self.path})"
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """``data`` to ``path`` whole or not at all (a reader never sees half a file)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(data))
+    partial.replace(path)
+
+
+def _blas_name() -> str:
+    """The library torch's float64 matrix multiplies run in (libtorch_cpu.so, not
+    liblammps.so: see ``_torch_blas``)."""
+    try:
+        return os.path.basename(blas_library())
+    except (OSError, ValueError, AttributeError, IndexError):  # another platform or build
+        return "unknown"
+
+
+class Phases:
+    """Adds the time since the last mark to ``timings[name]`` at each mark, after a CUDA
+    synchronization; does nothing without ``timings``."""
+
+    def __init__(self, device: torch.device, timings: dict[str, float] | None) -> None:
+        self.timings = timings
+        self.cuda = device.type == "cuda"
+        self.last = self._now() if timings is not None else 0.0
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        if self.timings is None:
+            return
+        now = self._now()
+        self.timings[name] = self.timings.get(name, 0.0) + now - self.last
+        self.last = now
+
+
+class Staging:
+    """Copies between LAMMPS's host arrays and the model's device through pinned host
+    buffers that grow as needed (plain copies, none at all on the CPU)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.pinned = device.type == "cuda"
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A host tensor of ``shape`` reused under ``name`` (pinned for a GPU)."""
+        count = math.prod(shape)
+        buffer = self.buffers.get(name)
+        if buffer is None or buffer.dtype != dtype or buffer.numel() < count:
+            capacity = count + count // 4 + 1024  # headroom: lists grow a little
+            buffer = torch.empty(capacity, dtype=dtype, pin_memory=self.pinned)
+            self.buffers[name] = buffer
+        return buffer[:count].view(shape)
+
+    def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        return self.buffer(name, tuple(like.shape), like.dtype)
+
+    def upload(self, host: torch.Tensor, name: str | torch.dtype | None = None) -> torch.Tensor:
+        """``host`` on the device: a copy (in another dtype when ``name`` is one), or
+        with a name, through that name's pinned buffer, reused each step (the copy out of
+        it has finished before the step ends: the energy synchronizes), and on the CPU
+        ``host`` itself."""
+        if name is None or isinstance(name, torch.dtype):
+            # kept past the call: never a view of LAMMPS's memory
+            return host.to(self.device, dtype=name or host.dtype, copy=True)
+        if not self.pinned:
+            return host.to(self.device)
+        staged = self._buffer(name, host)
+        staged.copy_(host)
+        return staged.to(self.device, non_blocking=True)
+
+    def download(self, device: torch.Tensor, host: torch.Tensor) -> None:
+        """Copy ``device`` into the host tensor ``host`` (LAMMPS's memory)."""
+        if not self.pinned or device.device.type != "cuda":
+            host.copy_(device)
+            return
+        staged = self._buffer("out", device)
+        staged.copy_(device)
+        host.copy_(staged)
+
+
+def select_device(device: str, local_rank: int) -> torch.device:
+    """``cpu``, ``cuda`` (one GPU per rank: node-local rank modulo the visible GPUs, which
+    works under mpirun and srun alike), or an explicit ``cuda:N``."""
+    if device == "cpu":
+        return torch.device("cpu")
+    if not device.startswith("cuda"):
+        raise ValueError(f"device must be cpu, cuda or cuda:N; got '{device}'")
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"device {device} requested but torch {torch.__version__} sees no CUDA device"
+        )
+    if device == "cuda":
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device(device)
+
+
+_OPENED: list[weakref.ref[Session]] = []
+
+
+def opened_sessions() -> list[Session]:
+    """The sessions opened in this process and still held, oldest first: for tools that
+    drive LAMMPS in this interpreter and read a session's :attr:`~Session.timings` or
+    :meth:`~Session.compile_status`."""
+    return [s for s in (ref() for ref in _OPENED) if s is not None]
