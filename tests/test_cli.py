@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from nvalchemi_lammps import LennardJones, LocalGraph, evaluate, load_model
+from nvalchemi_lammps import LennardJones, LocalGraph, evaluate, load_model, save_model
 from nvalchemi_lammps.cli import demo as demo_cli
 from nvalchemi_lammps.cli import export as export_cli
 from nvalchemi_lammps.cli import info as info_cli
@@ -130,6 +130,54 @@ def test_export_refuses_another_suffix(tmp_path, capsys):
     assert main(["export", "--default", "-o", str(out)]) == 2
     assert capsys.readouterr().out.strip() == (f"error: the model file must end in .pt, got {out}")
     assert not out.exists()
+
+
+def test_export_names_an_output_it_cannot_write(tmp_path, capsys):
+    """One line and exit code 2, before any work; before, torch's writer raised a
+    RuntimeError with a traceback. (Run as root here: a path under a regular file is one
+    that root cannot write either.)"""
+    blocker = _write(tmp_path / "file", "")
+    (tmp_path / "folder.pt").mkdir()
+    cases = {
+        tmp_path / "missing" / "m.pt": f"{tmp_path / 'missing'} does not exist",
+        blocker / "m.pt": f"{blocker} is not a folder",
+        tmp_path / "folder.pt": "it is a folder",
+    }
+    for out, why in cases.items():
+        assert main(["export", "--default", "-o", str(out)]) == 2
+        assert capsys.readouterr().out == f"error: cannot write {out}: {why}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder.pt"]
+
+
+def test_export_writes_nothing_when_its_check_fails(tmp_path, capsys):
+    """A model with a nan parameter: before, the file stayed on disk with a message about
+    reloaded energies. Now the file is written only after the check (a temporary beside
+    it, then renamed): what was at the output before stays, and no temporary is left."""
+    config = _write(tmp_path / "nan.toml", _LJ_HEAD + "[epsilon]\nAr = nan\n[sigma]\nAr = 3.4\n")
+    out = _write(tmp_path / "lj.pt", "what was here before")
+    assert export_cli.main([str(config), "-o", str(out)]) == 1
+    assert capsys.readouterr().out == (
+        f"error: {out} not written: the check of the written file failed: the potential's "
+        "atom energies are not finite on a line of 4 atoms of Ar, 0.3 cutoff apart: look "
+        "for nan or inf among its parameters\n"
+    )
+    assert out.read_text() == "what was here before"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lj.pt", "nan.toml"]
+
+
+def test_export_check_names_what_differs(tmp_path):
+    """The check compares the file loaded back with the potential: another model's file
+    differs, and the message says in what."""
+    config = tomllib.loads(export_cli.default_config_text())
+    potential = potential_from_config(config)
+    config["epsilon"] = {"Ar": 2 * config["epsilon"]["Ar"]}
+    other = save_model(potential_from_config(config), tmp_path / "other.pt")
+    message = (
+        "the file loaded back gives other atom energies and pair forces than the potential "
+        "on a line of 4 atoms of Ar, 0.3 cutoff apart"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        export_cli.check_model_file(potential, other)
 
 
 def _unknown_potential_message(name: str) -> str:
@@ -261,6 +309,15 @@ def test_thermo_blocks_keep_headers_rows_and_loop_times():
 def test_demo_rejects_nonpositive_sizes(capsys):
     assert demo_cli.main(["--ranks", "0"]) == 2
     assert "must be positive" in capsys.readouterr().out
+
+
+def test_demo_names_a_workdir_it_cannot_make(tmp_path, capsys):
+    """Before: a raw NotADirectoryError traceback."""
+    workdir = _write(tmp_path / "file", "") / "demo"
+    assert demo_cli.main(["--workdir", str(workdir)]) == 2
+    assert capsys.readouterr().out == (
+        f"error: --workdir {workdir}: cannot make this folder: Not a directory\n"
+    )
 
 
 def _probe_report(accelerators: dict[str, list[str]]) -> dict:

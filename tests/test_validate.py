@@ -328,11 +328,33 @@ def test_usage_errors(model_files, tmp_path, capsys):
         ),
         ([str(tmp_path / "none.pt"), "--lattice", "fcc:4:2"], "none.pt not found"),
         ([lj, "--data", str(tmp_path / "none.data")], "none.data not found"),
+        ([lj, "--lattice", "fcc:4:2", "--seed", "-1"], "--seed must be 0 or more, got -1"),
     ]
     for argv, message in cases:
         assert cli.main(argv + ["--workdir", str(tmp_path / "w")]) == 2
         out = capsys.readouterr().out
         assert "error: " in out and message in out, out
+
+
+@pytest.mark.parametrize("tolerance", ["-1", "0", "nan", "inf"])
+def test_tolerance_must_be_positive(model_files, tmp_path, capsys, tolerance):
+    """Before: accepted, and a negative tolerance failed every comparison."""
+    argv = [str(model_files["lj"]), "--lattice", "fcc:4:2", "--tolerance", tolerance]
+    assert cli.main(argv + ["--workdir", str(tmp_path / "w")]) == 2
+    message = f"error: --tolerance must be a number > 0, got {float(tolerance):g}\n"
+    assert capsys.readouterr().out == message
+    assert not (tmp_path / "w").exists()
+
+
+def test_workdir_that_cannot_be_made(model_files, tmp_path, capsys):
+    """A folder under a regular file (run as root here, so no permission bits would stop
+    it): one line and exit code 2; before, a raw NotADirectoryError traceback."""
+    workdir = tmp_path / "file" / "w"
+    workdir.parent.write_text("")
+    argv = [str(model_files["lj"]), "--lattice", "fcc:4:2", "--workdir", str(workdir)]
+    assert cli.main(argv) == 2
+    message = f"error: --workdir {workdir}: cannot make this folder: Not a directory\n"
+    assert capsys.readouterr().out == message
 
 
 # --- the command, through LAMMPS ---------------------------------------------------------------

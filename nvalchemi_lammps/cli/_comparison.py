@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..tools.lammps_runs import VIRIAL, LogFacts, RankRun
+from ._command import UsageError
 
 if TYPE_CHECKING:
     from ..contract import Potential, Strategy
@@ -28,10 +29,6 @@ UNITS = {
     "metal": ("eV", "eV/A", "bar", "A/ps"),
     "real": ("kcal/mol", "kcal/mol/A", "atm", "A/fs"),
 }
-
-
-class UsageError(ValueError):
-    """A command line that cannot be run (exit code 2)."""
 
 
 # --- what the model needs -------------------------------------------------------------------

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._command import add_switch, subcommand_main
+from ._command import UsageError, add_switch, subcommand_main, working_folder
 
 HELP = "run argon with pair_style nvalchemi and with lj/cut under mpirun and compare"
 #: Largest relative difference of step-0 energy, pressure and forces that passes.
@@ -247,6 +247,11 @@ def run(args: argparse.Namespace) -> int:
         print("error: --ranks, --atoms and --steps must be positive")
         return 2
     if args.workdir is not None:
+        try:
+            working_folder(args.workdir, "--workdir")
+        except UsageError as err:
+            print(f"error: {err}")
+            return 2
         return _demo(args, args.workdir)
     with tempfile.TemporaryDirectory(prefix="nvalchemi-demo-") as tmp:
         return _demo(args, Path(tmp))

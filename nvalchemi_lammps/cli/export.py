@@ -11,7 +11,9 @@ built-in argon model.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -59,10 +61,11 @@ def potential_from_config(config: dict[str, Any]) -> Potential:
 def check_model_file(potential: Potential, path: Path) -> None:
     """Load ``path`` back and compare it with ``potential`` on a small cluster.
 
-    Every element pair at several distances inside the cutoff; energies and pair forces
-    must agree exactly, since the same code runs with the same parameters.
+    Every element pair at several distances inside the cutoff: the potential's energies and
+    forces must be finite there, and the reloaded model's agree with them exactly, since
+    the same code runs with the same parameters.
 
-    :raises ValueError: the reloaded model differs
+    :raises ValueError: what failed (the message names no file: ``path`` may be a temporary)
     """
     import torch
 
@@ -73,7 +76,7 @@ def check_model_file(potential: Potential, path: Path) -> None:
     reloaded = load_model(path)
     spec = potential.spec
     if reloaded.spec != spec:
-        raise ValueError(f"{path}: reloaded spec {reloaded.spec} differs from {spec}")
+        raise ValueError(f"the file's spec {reloaded.spec} differs from the potential's {spec}")
     n = len(spec.elements)
     # a line of atoms cycling through the elements, 0.3 cutoff apart
     count = max(4, 2 * n)
@@ -97,13 +100,59 @@ def check_model_file(potential: Potential, path: Path) -> None:
         }
     graph = LocalGraph(count, species, pair_i, pair_j, rij, **system)
     a, b = evaluate(potential, graph), evaluate(reloaded, graph)
-    same = torch.equal(a.atom_energies, b.atom_energies) and torch.equal(
-        a.pair_forces, b.pair_forces
-    )
-    if spec.needs_positions:
-        same = same and torch.equal(a.atom_forces, b.atom_forces)
-    if not same:
-        raise ValueError(f"{path}: the reloaded model gives other energies or forces")
+    outputs = ["atom_energies", "pair_forces"] + (["atom_forces"] if spec.needs_positions else [])
+    cluster = f"a line of {count} atoms of {', '.join(spec.elements)}, 0.3 cutoff apart"
+    for name in outputs:
+        if not torch.isfinite(getattr(a, name)).all():
+            raise ValueError(
+                f"the potential's {name.replace('_', ' ')} are not finite on {cluster}: look "
+                "for nan or inf among its parameters"
+            )
+    differing = [name for name in outputs if not torch.equal(getattr(a, name), getattr(b, name))]
+    if differing:
+        raise ValueError(
+            f"the file loaded back gives other {' and '.join(differing).replace('_', ' ')} "
+            f"than the potential on {cluster}"
+        )
+
+
+def write_model_file(potential: Potential, path: Path, check: bool) -> None:
+    """Write ``path`` only once it is complete and (``check``) passed
+    :func:`check_model_file`: it is written into a temporary folder next to it (under its
+    own name, which torch's archive records), then renamed, so ``path`` is either the
+    checked model or as it was before.
+
+    :raises ValueError: the check failed
+    :raises OSError: the file cannot be written there
+    """
+    from .._model_file import save_model
+
+    folder = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    temporary = folder / path.name
+    try:
+        try:
+            save_model(potential, temporary)
+        except RuntimeError as err:  # torch's writer says why in a RuntimeError
+            raise OSError(str(err)) from None
+        if check:
+            check_model_file(potential, temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+        folder.rmdir()
+
+
+def _output_problem(path: Path) -> str | None:
+    """Why the model file cannot be written at ``path``, found before any work."""
+    if path.suffix != MODEL_SUFFIX:
+        return f"the model file must end in {MODEL_SUFFIX}, got {path}"
+    if path.is_dir():
+        return f"cannot write {path}: it is a folder"
+    folder = path.parent
+    if not folder.is_dir():
+        why = "is not a folder" if folder.exists() else "does not exist"
+        return f"cannot write {path}: {folder} {why}"
+    return None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -134,10 +183,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._model_file import ModelFileError, save_model
-
-    if args.output.suffix != MODEL_SUFFIX:
-        print(f"error: the model file must end in {MODEL_SUFFIX}, got {args.output}")
+    problem = _output_problem(args.output)
+    if problem:
+        print(f"error: {problem}")
         return 2
     try:
         if args.default:
@@ -147,11 +195,16 @@ def run(args: argparse.Namespace) -> int:
             config = read_config(args.config)
             source = str(args.config)
         potential = potential_from_config(config)
-        save_model(potential, args.output)
-        if args.check:
-            check_model_file(potential, args.output)
-    except (ValueError, ModelFileError, OSError) as err:
+    except (ValueError, OSError) as err:
         print(f"error: {err}")
+        return 1
+    try:
+        write_model_file(potential, args.output, args.check)
+    except OSError as err:
+        print(f"error: cannot write {args.output}: {err.strerror or err}")
+        return 2
+    except ValueError as err:  # ModelFileError among them
+        print(f"error: {args.output} not written: the check of the written file failed: {err}")
         return 1
     spec = potential.spec
     print(

@@ -37,12 +37,11 @@ from ..tools.structures import (
     parse_lattice,
     read_data_header,
 )
-from ._command import subcommand_main
+from ._command import UsageError, positive, subcommand_main, working_folder
 from ._comparison import (
     MD_TOLERANCE,
     TOLERANCE,
     Row,
-    UsageError,
     advice,
     describe_needs,
     format_table,
@@ -268,8 +267,13 @@ def _validate(args: argparse.Namespace, workdir: Path) -> int:
         ranks = _rank_counts(args.ranks)
         if args.steps < 0:
             raise UsageError(f"--steps must be 0 or more, got {args.steps}")
+        if args.seed < 0:
+            raise UsageError(f"--seed must be 0 or more, got {args.seed}")
+        if args.tolerance is not None:
+            positive(args.tolerance, "--tolerance")
         potential = load_model(args.model)
         decision = strategy_for(potential, args.strategy)
+        working_folder(workdir, "--workdir")
     except (ModelFileError, UsageError) as err:
         print(f"error: {err}")
         return 2
@@ -282,7 +286,6 @@ def _validate(args: argparse.Namespace, workdir: Path) -> int:
     )
     for label, text in describe_needs(potential, decision.name, args.strategy):
         _say(label, text)
-    workdir.mkdir(parents=True, exist_ok=True)
     try:
         setup = _prepare(args, potential, workdir)
     except (ValueError, OSError) as err:  # UsageError, and what the tools refuse
