@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from nvalchemi_lammps.lammps_run import PRESSURE, print_results
+
 #: Multi-rank = single-process reference to this relative difference, in float64 (DESIGN.md).
 TOLERANCE = 1e-10
 
@@ -56,7 +58,6 @@ PER_ATOM = {
     "energy_per_atom": ["c_pe"],
     "stress_per_atom": [f"c_stress[{k}]" for k in range(1, 7)],
 }
-PRESSURE = ["pxx", "pyy", "pzz", "pxy", "pxz", "pyz"]
 #: Global results a comparison run prints: total potential energy, the pressure tensor as
 #: thermo reports it (kinetic + virial), and the virial part alone.
 GLOBAL = {
@@ -236,12 +237,6 @@ def comparison_script(data: str, pair_style: str, elements: str, processors: str
     script += f"pair_style {pair_style}\npair_coeff * * {elements}\n"
     script += dump_commands("d", "atoms.dump", PER_ATOM_COLUMNS)
     return script + "run 0\n" + print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
-
-
-def print_results(tag: str, names: dict[str, str]) -> str:
-    """``print`` of ``name value`` pairs at full precision, for :func:`read_results`."""
-    fields = " ".join(f"{name} $({expr}:%.17g)" for name, expr in names.items())
-    return f'print "{tag} {fields}"\n'
 
 
 def atoms_per_rank(output: str, what: str = "Nlocal") -> list[tuple[int, int]]:

@@ -1,9 +1,11 @@
 """The layering of docs/architecture.md, read from the package's import statements (also
-those inside functions): who may import whom, no import circle, no oversized CLI module."""
+those inside functions) and its ``import_module`` calls that name a module: who may import
+whom, no import circle, no oversized CLI module."""
 
 from __future__ import annotations
 
 import ast
+from importlib.util import resolve_name
 from pathlib import Path
 
 import nvalchemi_lammps
@@ -23,12 +25,50 @@ def _modules() -> dict[str, Path]:
     return modules
 
 
+def _named_by(node: ast.expr, constants: dict[str, str]) -> str | None:
+    """The text of a string literal, or of a module-level ``NAME = "..."`` constant."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    return constants.get(node.id) if isinstance(node, ast.Name) else None
+
+
+def _imported_by_name(node: ast.Call, constants: dict[str, str]) -> str | None:
+    """The module ``importlib.import_module(NAME[, PACKAGE])`` (or ``import_module(...)``)
+    imports, where the call names it: a literal or a module constant, relative names
+    resolved against a literal package, ``__name__`` or ``__package__``."""
+    func = node.func
+    callee = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if callee != "import_module" or not node.args:
+        return None
+    target = _named_by(node.args[0], constants)
+    if target is None or not target.startswith("."):
+        return target
+    anchor = node.args[1] if len(node.args) > 1 else None
+    anchor = next((k.value for k in node.keywords if k.arg == "package"), anchor)
+    package = anchor and _named_by(anchor, constants)
+    return resolve_name(target, package) if package else None
+
+
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The package's modules that ``name`` imports anywhere in its text."""
+    """The package's modules that ``name`` imports anywhere in its text, by import
+    statement or by an ``import_module`` call that names the module."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    constants = {"__name__": name, "__package__": package}
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            constants[node.targets[0].id] = node.value.value
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            targets = [t for t in [_imported_by_name(node, constants)] if t]
+        elif isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -65,14 +105,18 @@ def _violations(importer: str, forbidden: list[str]) -> list[tuple[str, str]]:
     ]
 
 
+#: The tools layer outside ``cli``: running LAMMPS, the reference, structures, the probe.
+TOOLS = ["lammps_run", "reference", "structures", "receptive_field"]
+
+
 def test_layers_import_only_downwards():
     assert (
         _violations("contract", ["potentials", "engine", "frontends", "_model_file", "cli"]) == []
     )
-    assert _violations("potentials", ["engine", "frontends", "_model_file", "cli", "tools"]) == []
+    assert _violations("potentials", ["engine", "frontends", "_model_file", "cli", *TOOLS]) == []
     assert _violations("engine", ["potentials", "frontends", "_model_file", "cli"]) == []
     assert _violations("_model_file", ["frontends", "engine", "cli"]) == []
-    assert _violations("frontends", ["potentials", "cli", "tools"]) == []
+    assert _violations("frontends", ["potentials", "cli", *TOOLS]) == []
 
 
 def test_front_door_internals_stay_inside_the_front_doors():
@@ -110,6 +154,26 @@ def test_no_import_circle():
         and not target.startswith(name + ".")
     ]
     assert circles == []
+
+
+def test_import_module_calls_count_as_imports(tmp_path):
+    """``importlib.import_module`` with a module named in the text (literally, by a module
+    constant, or relative to the package) is an import like any other; a name computed at
+    run time is not read."""
+    module = tmp_path / "module.py"
+    module.write_text(
+        "import importlib\n"
+        "from importlib import import_module\n"
+        f'DOOR = "{PACKAGE}.frontends.mliap"\n'
+        "def f(name):\n"
+        "    import_module(DOOR)\n"
+        f'    importlib.import_module("{PACKAGE}.engine")\n'
+        '    import_module(".cli", __package__)\n'
+        '    import_module(".reference", package=__package__)\n'
+        "    import_module(name)\n"
+    )
+    found = _imports(f"{PACKAGE}.module", module, MODULES)
+    assert found == {f"{PACKAGE}.{m}" for m in ("frontends.mliap", "engine", "cli", "reference")}
 
 
 def test_no_cli_module_is_oversized():

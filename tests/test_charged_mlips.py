@@ -59,7 +59,7 @@ from lammps_helpers import (
 from nvalchemi_lammps import save_model
 from nvalchemi_lammps.lammps_run import run_lammps, write_lammps_data
 from nvalchemi_lammps.reference import evaluate_reference
-from nvalchemi_lammps.tools.structures import element_masses
+from nvalchemi_lammps.structures import element_masses
 
 #: Rank counts against one rank, float32: the same float32 operations on other ranks.
 FLOAT32_RANKS_TOLERANCE = 1e-6

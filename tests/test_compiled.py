@@ -308,7 +308,7 @@ def test_mace_compiled_exchanges_inside_its_blocks(monkeypatch):
     compilation: the recording is state the compiled code guards on.) On torch 2.11 the
     comparison of test_exchange_strategy_on_owned_rows fails if the hook goes through
     mace-torch's ``LAMMPS_MP`` (zero gradients into the exchange; mace._handle_lammps_traced)."""
-    from nvalchemi_lammps.potentials import mace
+    from nvalchemi_lammps.potentials.mace import _forward as mace
 
     potential = _mace()  # before the recording: its check against mace-torch runs one rank
     paths = []

@@ -59,7 +59,7 @@ from nvalchemi_lammps.lammps_run import (
 )
 from nvalchemi_lammps.potentials import mace as mace_module
 from nvalchemi_lammps.reference import evaluate_reference
-from nvalchemi_lammps.tools.structures import element_masses
+from nvalchemi_lammps.structures import element_masses
 
 pytestmark = pytest.mark.lammps
 

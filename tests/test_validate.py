@@ -21,15 +21,14 @@ import numpy as np
 import pytest
 from _broken_models import UnderdeclaredMessagePassing, importable_in_lammps
 
-from nvalchemi_lammps import LennardJones, MessagePassing, save_model
+from nvalchemi_lammps import LennardJones, MessagePassing, lammps_run, save_model, structures
+from nvalchemi_lammps import receptive_field as probe
 from nvalchemi_lammps.cli import COMMANDS
 from nvalchemi_lammps.cli import _comparison as judge
 from nvalchemi_lammps.cli import validate as cli
 from nvalchemi_lammps.contract import resolve_strategy
 from nvalchemi_lammps.lammps_run import write_lammps_data
 from nvalchemi_lammps.reference import evaluate_reference
-from nvalchemi_lammps.tools import lammps_runs, structures
-from nvalchemi_lammps.tools import reach as probe
 
 ELEMENTS = ["Ar", "Ne"]
 CUTOFF = 5.0
@@ -215,12 +214,12 @@ def test_read_log(tmp_path):
     for pid, asked in ((11, "shell"), (12, "shell")):
         report = resolve_strategy(mp.spec, asked, mp.name).to_dict()
         (tmp_path / f"strategy-{pid}.json").write_text(json.dumps(report))
-    assert lammps_runs.read_log(LOG, tmp_path) == lammps_runs.LogFacts(
+    assert lammps_run.read_log(LOG, tmp_path) == lammps_run.LogFacts(
         ghost_cutoff=12.0, strategy="shell"
     )
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert lammps_runs.read_log("nothing", empty) == lammps_runs.LogFacts(
+    assert lammps_run.read_log("nothing", empty) == lammps_run.LogFacts(
         ghost_cutoff=None, strategy="none"
     )
 
@@ -246,7 +245,7 @@ def test_measure_reach():
 
 
 def test_advice_for_an_underdeclared_model():
-    facts = {1: lammps_runs.LogFacts(7.0, "local"), 2: lammps_runs.LogFacts(7.0, "local")}
+    facts = {1: lammps_run.LogFacts(7.0, "local"), 2: lammps_run.LogFacts(7.0, "local")}
     failing = [judge.Row(1, "forces [eV/A]", 0.03, 0.5, 17)]
     problems = judge.advice(
         _underdeclared(), judge.strategy_for(_underdeclared(), "auto"), 9.32, failing, facts, 1e-10
@@ -258,7 +257,7 @@ def test_advice_for_a_two_layer_model_declaring_fewer():
     """Declared 2, reaches 3 cutoffs: more layers, or the shell strategy with a wider
     ghost shell."""
     model = UnderdeclaredMessagePassing(ELEMENTS, cutoff=CUTOFF, layers=3, declared_layers=2)
-    facts = {1: lammps_runs.LogFacts(12.0, "shell")}
+    facts = {1: lammps_run.LogFacts(12.0, "shell")}
     (problem,) = judge.advice(model, judge.strategy_for(model, "shell"), 13.1, [], facts, 1e-10)
     assert "declare layers=3 (or more) in its spec (ModelSpec.layers)" in problem
     assert problem.endswith(
@@ -270,9 +269,9 @@ def test_advice_for_a_two_layer_model_declaring_fewer():
 def test_advice_for_lammps_settings():
     mp = _message_passing()
     facts = {
-        1: lammps_runs.LogFacts(12.0, "shell"),
-        2: lammps_runs.LogFacts(9.0, "shell"),
-        4: lammps_runs.LogFacts(None, "exchange"),
+        1: lammps_run.LogFacts(12.0, "shell"),
+        2: lammps_run.LogFacts(9.0, "shell"),
+        4: lammps_run.LogFacts(None, "exchange"),
     }
     problems = judge.advice(mp, judge.strategy_for(mp, "shell"), 8.0, [], facts, 1e-10)
     assert problems == [
@@ -298,7 +297,7 @@ def test_advice_for_lammps_settings():
             judge.strategy_for(mp, "exchange"),
             8.0,
             [],
-            {2: lammps_runs.LogFacts(7.0, "exchange")},
+            {2: lammps_run.LogFacts(7.0, "exchange")},
             1e-10,
         )
         == []

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..tools.lammps_runs import VIRIAL, LogFacts, RankRun
+from ..lammps_run import VIRIAL, LogFacts, RankRun
 from ._command import UsageError
 
 if TYPE_CHECKING:

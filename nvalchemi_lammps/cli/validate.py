@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..tools.lammps_runs import TEMPERATURE, RankRun, RunSetup, run_ranks
-from ..tools.reach import REACH_DISPLACEMENT, measure_reach
-from ..tools.structures import (
+from ..lammps_run import TEMPERATURE, RankRun, RunSetup, run_ranks
+from ..receptive_field import REACH_DISPLACEMENT, measure_reach
+from ..structures import (
     LATTICES,
     build_lattice,
     element_masses,

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from ..contract import Potential
-    from ..reference import ReferenceResult
+    from .contract import Potential
+    from .reference import ReferenceResult
 
 #: The receptive-field probe: one atom is moved this far (length) and every atom whose
 #: energy changes by more than REACH_THRESHOLD x the largest change counts as reached, unless
@@ -43,7 +43,7 @@ def measure_reach(
     box)."""
     import torch
 
-    from ..reference import evaluate_reference
+    from .reference import evaluate_reference
 
     atom = int(np.flatnonzero(species >= 0)[0])
     moved = positions.copy()

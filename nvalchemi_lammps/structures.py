@@ -1,4 +1,6 @@
-"""Crystal structures and LAMMPS data files, for the CLI, the tests and the benchmarks."""
+"""Crystal structures (``--lattice``), element masses, and what a LAMMPS data file says of
+itself, for the CLI, the tests and the benchmarks (data files are written by
+:func:`~nvalchemi_lammps.lammps_run.write_lammps_data`)."""
 
 from __future__ import annotations
 
