@@ -278,8 +278,10 @@ def read_record(path: str | os.PathLike) -> object:
             f"model file {path} is a directory: pair_style nvalchemi reads one file, as "
             f"nvalchemi-lammps export writes it; {EXPORT}"
         )
-    if not path.is_file():
+    if not path.exists():
         raise ModelFileError(f"model file {path} not found")
+    if not path.is_file():  # a device or a pipe: reading it might never end
+        raise ModelFileError(f"model file {path} is not a regular file; {EXPORT}")
     try:
         start = head(path)
     except OSError as err:

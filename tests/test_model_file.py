@@ -131,6 +131,12 @@ def test_missing_file(tmp_path):
         load_model(path)
 
 
+def test_device_is_not_a_model_file():
+    """Before: '/dev/null not found'."""
+    with pytest.raises(ModelFileError, match=re.escape("model file /dev/null is not a regular")):
+        load_model("/dev/null")
+
+
 def _corrupt(tmp_path, kind: str):
     path = tmp_path / f"{kind}.pt"
     if kind == "random-bytes":
