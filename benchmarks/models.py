@@ -54,6 +54,12 @@ def cu_mace(dtype: str = "float64", num_interactions: int = 1, kernels: str = "a
 def _mace(dtype: str, kernels: str, **hyper):
     """mace-torch's ScaleShiftMACE (residual interaction blocks, SiLU gate, seed 0) with
     ``hyper``, as this package's MACE potential."""
+    with warnings.catch_warnings():  # e3nn and mace-torch script parts: TorchScript warns
+        warnings.simplefilter("ignore")
+        return _scale_shift_mace(dtype, kernels, hyper)
+
+
+def _scale_shift_mace(dtype: str, kernels: str, hyper: dict):
     import numpy as np
     import torch
 
@@ -77,16 +83,14 @@ def _mace(dtype: str, kernels: str, **hyper):
     torch.set_default_dtype(torch.float64)  # mace-torch makes its buffers in this dtype
     torch.manual_seed(0)
     try:
-        with warnings.catch_warnings():  # mace-torch scripts parts of it: TorchScript warns
-            warnings.simplefilter("ignore")
-            network = modules.ScaleShiftMACE(
-                num_polynomial_cutoff=5,
-                interaction_cls=interaction,
-                interaction_cls_first=interaction,
-                gate=torch.nn.functional.silu,
-                **hyper,
-            ).eval()
-            return Mace.from_model(network, dtype=dtype, kernels=kernels)
+        network = modules.ScaleShiftMACE(
+            num_polynomial_cutoff=5,
+            interaction_cls=interaction,
+            interaction_cls_first=interaction,
+            gate=torch.nn.functional.silu,
+            **hyper,
+        ).eval()
+        return Mace.from_model(network, dtype=dtype, kernels=kernels)
     finally:
         torch.set_default_dtype(previous)
 

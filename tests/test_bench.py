@@ -142,6 +142,7 @@ def test_styles_take_turns_beside_a_peer(tmp_path):
     assert peer["force_vs_first_style"] <= 1e-10
     assert ours["bridge_ms"] is not None and peer["bridge_ms"] is None
     assert ours["model_ms"] == peer["model_ms"] > 0.0  # one bare model for the process
+    assert ours["over_first"] == 1.0 and peer["over_first"] > 0.0
 
 
 def test_rounds_rotate_the_order_of_the_styles():

@@ -17,6 +17,7 @@ class Row:
     ranks: int
     style: str
     ms_per_step: float
+    cpu_ms_per_step: float  # CPU time of the busiest rank's process per step
     atom_steps_per_s: float
     ns_per_day: float
     model_ms: float | None  # the bare model on the whole system (1 rank)
@@ -31,6 +32,7 @@ class Row:
     peak_gpu_mib: float | None
     force_difference: float  # max|F - F_first ranks| / max|F_first ranks|, step 0, by atom ID
     force_vs_first_style: float  # the same against the first style at these ranks
+    over_first: float = 1.0  # median over the rounds of ms/step over the first style's
     compiled: int | None = None  # graphs compiled during the timed steps, any rank
     rounds_ms: list[float] | None = None  # ms/step of each round (slowest rank)
 
@@ -52,15 +54,16 @@ def row(
 ) -> Row:
     """Style ``k``'s row of one process's ``out``; ``first``: the step-0 forces of the
     first rank count."""
-    steps = config.steps
-    mine = [[r for r in rank["runs"] if r["style"] == k] for rank in out["ranks"]]
-    by_round = list(zip(*mine, strict=True))  # per round: every rank's record
 
-    def per_step(key: str) -> list[float]:
+    def per_step(key: str, style: int = k) -> list[float]:
         # the slowest rank of each round
-        return [1e3 * max(r.get(key, 0.0) for r in rnd) / steps for rnd in by_round]
+        mine = [[r for r in rank["runs"] if r["style"] == style] for rank in out["ranks"]]
+        by_round = zip(*mine, strict=True)  # per round: every rank's record
+        return [1e3 * max(r.get(key, 0.0) for r in rnd) / config.steps for rnd in by_round]
 
+    by_round = list(zip(*[[r for r in rank["runs"] if r["style"] == k] for rank in out["ranks"]]))
     step_ms = per_step("seconds")
+    first_ms = per_step("seconds", 0)
     step = statistics.median(step_ms)
     timed = "plugin" in by_round[0][0]
     split = {}
@@ -91,6 +94,7 @@ def row(
         ranks=ranks,
         style=style.name,
         ms_per_step=step,
+        cpu_ms_per_step=statistics.median(per_step("cpu_seconds")),
         atom_steps_per_s=atoms / (step * 1e-3),
         ns_per_day=dt * NS_PER_TIME_UNIT[config.units] * 86400.0 / (step * 1e-3),
         model_ms=model_ms,
@@ -104,6 +108,7 @@ def row(
         peak_gpu_mib=max(gpu) if gpu else None,
         force_difference=_relative(out["step0"][k], first[k]),
         force_vs_first_style=_relative(out["step0"][k], out["step0"][0]),
+        over_first=statistics.median(s / f for s, f in zip(step_ms, first_ms, strict=True)),
         compiled=max(compiled) if compiled else None,
         rounds_ms=step_ms,
     )
@@ -119,8 +124,8 @@ def format_rows(rows: list[Row]) -> list[str]:
     compiling = any(r.compiled is not None for r in rows)
     width = max([len("style")] + [len(r.style) for r in rows])
     header = (
-        f"{'atoms':>8} {'ranks':>5} {'style':<{width}} {'ms/step':>9} {'ns/day':>8} "
-        f"{'model':>8} {'step/mdl':>8} {'step-mdl':>8} {'lammps':>7} {'bridge':>7} "
+        f"{'atoms':>8} {'ranks':>5} {'style':<{width}} {'ms/step':>9} {'cpu ms':>8} {'/1st':>6} "
+        f"{'ns/day':>8} {'model':>8} {'step/mdl':>8} {'step-mdl':>8} {'lammps':>7} {'bridge':>7} "
         f"{'in-model':>8} {'collect.':>8} {'MiB':>6} {'dF(ranks)':>9} {'dF(1st)':>8}"
         + (f" {'compiled':>8}" if compiling else "")
     )
@@ -129,6 +134,7 @@ def format_rows(rows: list[Row]) -> list[str]:
         memory = r.peak_gpu_mib if r.peak_gpu_mib is not None else r.peak_host_mib
         lines.append(
             f"{r.atoms:>8} {r.ranks:>5} {r.style:<{width}} {r.ms_per_step:>9.3f} "
+            f"{r.cpu_ms_per_step:>8.3f} {r.over_first:>6.2f} "
             f"{r.ns_per_day:>8.4g} {_cell(r.model_ms, 8, '.3f')} "
             f"{_cell(r.step_over_model, 8, '.2f')} {_cell(r.fixed_ms, 8, '.3f')} "
             f"{_cell(r.lammps_ms, 7, '.2f')} {_cell(r.bridge_ms, 7, '.2f')} "
