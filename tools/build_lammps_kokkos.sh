@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A LAMMPS with KOKKOS on NVIDIA GPUs, ML-IAP and PYTHON: `pair_style mliap unified model.pt 0`
-# with `-k on g N -sf kk -pk kokkos newton on neigh half` (docs/kokkos.md).
+# with `-k on g N -sf kk -pk kokkos newton on neigh half` (docs/kokkos_build.md).
 #
 #   tools/build_lammps_kokkos.sh LAMMPS_SRC KOKKOS_SRC PREFIX [ARCH]
 #
@@ -17,7 +17,7 @@
 # Packages: KOKKOS (CUDA + Serial host), ML-IAP with Python (MLIAP_ENABLE_PYTHON), ML-SNAP
 # (ML-IAP needs it), PYTHON and PLUGIN, with MPI, as a shared library.
 # Needs nvcc, a C++17 host compiler, an MPI, CMake >= 3.20, Python with cython, and
-# BUILD_JOBS cores (default: all). Measured on the H200 machines: docs/kokkos.md.
+# BUILD_JOBS cores (default: all).
 # Rerunning the script continues a build that was cut off (the build folder is kept until
 # the install is done).
 set -euo pipefail

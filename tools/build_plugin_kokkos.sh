@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The nvalchemi plugin with pair_style nvalchemi/kk, compiled against a KOKKOS LAMMPS built by
-# tools/build_lammps_kokkos.sh (docs/kokkos.md, "pair_style nvalchemi/kk").
+# tools/build_lammps_kokkos.sh (docs/kokkos_build.md).
 #
 #   tools/build_plugin_kokkos.sh LAMMPS_SRC KOKKOS_SRC PREFIX [ARCH]
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The part of a LAMMPS source tree that tools/build_lammps_kokkos.sh builds from, small enough
-# to carry to a GPU node without internet (docs/kokkos.md, "Building").
+# to carry to a GPU node without internet (docs/kokkos_build.md).
 #
 #   tools/cut_lammps_source.sh SOURCE OUT [PACKAGE...]
 #

@@ -7,7 +7,7 @@ models) call ``comm->forward_comm(this)`` on buffers in GPU memory. When MPI is 
 GPU-aware and more than one rank runs (or with ``pair/only on``), KokkosLMP forces the
 pair communication onto the legacy host path (src/KOKKOS/kokkos.cpp), CommBrick calls
 PairMLIAPKokkos's host ``pack_forward_comm``, which reads the GPU buffer from the host: a
-segmentation fault (docs/kokkos.md has the reproducer). The device path stages its MPI
+segmentation fault (docs/gpus.md, "Known problems"). The device path stages its MPI
 buffers through the host when MPI is not GPU-aware, so the exchanges of a pair style
 running on the GPU take it always; that staging, never reached before, aborts in Kokkos
 ("Concurrent modification of host and device views in DualView comm:k_recv_send_pair")
