@@ -68,7 +68,7 @@ GPU_TORCH_TESTS := tests/test_compiled.py
 MLIAP_LAMMPS := .lammps-mliap
 MLIAP_STAMP  := $(MLIAP_LAMMPS)/.built
 
-.PHONY: setup setup-uma test-setup demo check test bench clean
+.PHONY: setup setup-uma test-setup demo check test test-main test-uma test-torch211 bench clean
 
 setup: $(PACKAGE_STAMP)
 
@@ -132,16 +132,21 @@ MLIAP_ENV = $(if $(wildcard $(MLIAP_STAMP)),\
 check: $(PACKAGE_STAMP)
 	$(MLIAP_ENV) $(BIN)/python -m pytest -q -m "not slow and not uma and not gpu"
 
-# the three suites run whatever the first gives; any failing fails the target
+# Setup, then the three suites at once, each in its own environment, printed whole when it
+# ends: much of a suite's time is one process on one core (one rank, the compiler, imports),
+# and the other core takes another suite's. Any suite failing fails the target.
 test:
 	$(MAKE) -j4 --output-sync=target test-setup
-	status=0; \
-	export NVALCHEMI_LAMMPS_MLIAP=$(CURDIR)/$(MLIAP_LAMMPS); \
-	export NVALCHEMI_LAMMPS_KOKKOS=$(CURDIR)/$(MLIAP_LAMMPS); \
-	$(BIN)/python -m pytest -q -m "not uma" || status=1; \
-	$(UMA_BIN)/python -m pytest -q -m uma $(UMA_TESTS) || status=1; \
-	$(GPU_TORCH_BIN)/python -m pytest -q $(GPU_TORCH_TESTS) || status=1; \
-	exit $$status
+	$(MAKE) -j3 -k --output-sync=target test-main test-uma test-torch211
+
+test-main: $(PACKAGE_STAMP) $(MLIAP_STAMP)
+	$(MLIAP_ENV) $(BIN)/python -m pytest -q -m "not uma"
+
+test-uma: $(UMA_PACKAGE_STAMP) $(MLIAP_STAMP)
+	$(MLIAP_ENV) $(UMA_BIN)/python -m pytest -q -m uma $(UMA_TESTS)
+
+test-torch211: $(GPU_TORCH_STAMP)
+	$(GPU_TORCH_BIN)/python -m pytest -q $(GPU_TORCH_TESTS)
 
 bench: $(PACKAGE_STAMP)
 	$(BIN)/nvalchemi-lammps bench benchmarks/configs/lj_4000.yaml --out /tmp/nvalchemi-bench
