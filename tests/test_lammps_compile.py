@@ -47,7 +47,12 @@ MODELS = {
 }
 
 
-@pytest.fixture(scope="module", params=MODELS, ids=MODELS)
+#: (model, ranks): message passing at 1, 2 and 4 ranks; MACE at 1 and 4 (a rank without
+#: atoms), its 2 ranks being message passing's exchange path, compiled, at 2 ranks
+CASES = [("message_passing", n) for n in NPROCS] + [("mace", 1), ("mace", 4)]
+
+
+@pytest.fixture(scope="module")
 def model(request, tmp_path_factory):
     make, elements = MODELS[request.param]
     potential = make()
@@ -55,7 +60,9 @@ def model(request, tmp_path_factory):
     return request.param, potential, path, elements
 
 
-@pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
+@pytest.mark.parametrize(
+    ("model", "nprocs"), CASES, indirect=["model"], ids=[f"{m}-np{n}" for m, n in CASES]
+)
 def test_compiled_equals_reference(model, nprocs, tmp_path):
     name, potential, path, elements = model
     positions, cell, species = ar_ne_slab()
