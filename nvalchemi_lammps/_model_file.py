@@ -34,13 +34,13 @@ import struct
 import warnings
 import zipfile
 from dataclasses import dataclass
-from importlib import import_module
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ._foreign_files import EXPORT, head, is_torchscript, pickled_globals, text_line
+from ._mliap_entry import unified_model
 from .potentials import Potential, potential_class
 
 FORMAT = "nvalchemi-lammps-model"
@@ -53,8 +53,6 @@ READABLE_VERSIONS = (2, FORMAT_VERSION)
 MLIAP_MODEL_GLOBAL = "nvalchemi_lammps._model_file.mliap_model"
 #: The global of version-2 files (the ML-IAP door's class, which still takes a record).
 MLIAP_MODEL_GLOBAL_V2 = "nvalchemi_lammps.frontends.mliap.MLIAPModel"
-#: The ML-IAP front door, imported by name only when LAMMPS's ML-IAP unpickles a file.
-MLIAP_DOOR = "nvalchemi_lammps.frontends.mliap"
 
 
 #: Every entry of a record (``"digest"`` is absent from files written before it).
@@ -215,10 +213,10 @@ def mliap_model(record: object) -> Any:
     """What a model file unpickles into under ``torch.load(weights_only=False)`` (LAMMPS's
     ML-IAP): the ML-IAP model of ``record``, checked like :func:`load_model` checks it.
 
-    The ML-IAP door is imported here, by name, and only here: it depends on this module,
-    never the other way round.
+    The file's one global, by this name since version 3; the model comes from the class the
+    ML-IAP door registers (:mod:`nvalchemi_lammps._mliap_entry`): this module names no door.
     """
-    return import_module(MLIAP_DOOR).MLIAPModel(record)
+    return unified_model(record)
 
 
 class PickledRecord:

