@@ -47,6 +47,7 @@ import argparse
 import json
 import shlex
 import sys
+import sysconfig
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -120,7 +121,8 @@ def _environment(config: BenchConfig) -> dict[str, str]:
         found = sorted(install.glob("lib*/liblammps.so"))
         if not found:
             raise ValueError(f"no {install}/lib*/liblammps.so: build it with tools/")
-        libraries.insert(0, str(found[0].parent))
+        # lammps.mliap finds the interpreter's libpython by name (ML-IAP's Python coupling)
+        libraries[:0] = [str(found[0].parent), sysconfig.get_config_var("LIBDIR") or ""]
         python = [str(config.lammps / "python"), os.environ.get("PYTHONPATH", "")]
         env["PYTHONPATH"] = ":".join(p for p in python if p)
         plugins = config.lammps / "plugin-build" / "cpp_bridge"
