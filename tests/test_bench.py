@@ -186,3 +186,32 @@ def test_benchmark_configurations_build_their_models(path, tmp_path):
     potential = build_model(config, tmp_path / "model.pt")
     assert (tmp_path / "model.pt").is_file()
     assert len(config.elements) <= len(potential.spec.elements)
+
+
+def _expand(pattern: str) -> list[str]:
+    """``a{b,c}d`` -> ``abd``, ``acd`` (the shell's braces, as the docs write file groups)."""
+    head, brace, rest = pattern.partition("{")
+    if not brace:
+        return [pattern]
+    inner, _, tail = rest.partition("}")
+    return [p for choice in inner.split(",") for p in _expand(head + choice + tail)]
+
+
+def test_results_hold_what_the_docs_cite_and_nothing_else():
+    """benchmarks/results keeps the files docs/performance.md cites, each indexed in
+    results/README.md."""
+    import re
+
+    results = TESTS.parent / "benchmarks" / "results"
+    docs = (TESTS.parent / "docs" / "performance.md").read_text()
+    index = (results / "README.md").read_text()
+    cited = {
+        name
+        for found in re.findall(r"`(\d{4}-\d\d-\d\d-[\w-]+/[^`]+)`", docs)
+        for name in _expand(found)
+    }
+    kept = {str(p.relative_to(results)) for p in results.rglob("*") if p.is_file()}
+    assert cited - kept == set(), "cited but missing"
+    assert kept - cited - {"README.md"} == set(), "kept but not cited"
+    indexed = {name for found in re.findall(r"`([^`]+)`", index) for name in _expand(found)}
+    assert kept - indexed - {"README.md"} == set(), "not in results/README.md"
