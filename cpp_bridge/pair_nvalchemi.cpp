@@ -34,6 +34,8 @@
 #include "neighbor.h"
 #include "update.h"
 
+#include "exchange_plan.h"
+#include "neighbor_pairs.h"
 #include "python_bridge.h"
 
 #include <algorithm>
@@ -42,11 +44,11 @@
 #include <cstring>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 using namespace LAMMPS_NS;
 using NvalchemiLammps::Collectives;
+using NvalchemiLammps::ExchangePlan;
 using NvalchemiLammps::PythonSession;
 
 // Values per atom in one forward/reverse communication; wider rows go in
@@ -66,11 +68,11 @@ class PairCollectives : public Collectives {
   int ntotal() const override { return atom->nlocal + atom->nghost; }
   void forward_exchange(double *rows, int width) override { pair->forward_exchange(rows, width); }
   void reverse_exchange(double *rows, int width) override { pair->reverse_exchange(rows, width); }
-  int nsend() const override { return pair->nsend(); }
-  int nrecv() const override { return pair->nrecv(); }
+  int nsend() const override { return pair->plan().nsend(); }
+  int nrecv() const override { return pair->plan().nrecv(); }
   void transfer(const void *send, void *recv, int width, bool single, bool reverse) override
   {
-    pair->transfer(send, recv, width, single, reverse);
+    pair->plan().transfer(send, recv, width, single, reverse);
   }
   void allreduce(double *values, int count) override
   {
@@ -93,7 +95,7 @@ PairNvalchemi::PairNvalchemi(LAMMPS *lmp) :
     exchange_rows(nullptr), exchange_width(0), exchange_offset(0), exchange_count(0), maxatom(0),
     maxpair(0),
     species(nullptr), owner(nullptr), candidate_i(nullptr), candidate_j(nullptr),
-    nreceived(0), ncandidates(0), topology_ntotal(-1),
+    exchange_plan(new ExchangePlan(world)), ncandidates(0), topology_ntotal(-1),
     pair_i(nullptr), pair_j(nullptr), rij(nullptr), pair_forces(nullptr), atom_energies(nullptr),
     pair_scalars(nullptr), atom_forces(nullptr)
 {
@@ -112,6 +114,7 @@ PairNvalchemi::~PairNvalchemi()
 {
   if (copymode) return;
   delete session;
+  delete exchange_plan;
   memory->destroy(species);
   memory->destroy(owner);
   memory->destroy(candidate_i);
@@ -161,14 +164,17 @@ void PairNvalchemi::compute(int eflag, int vflag)
   step.positions = ntotal ? &x[0][0] : nullptr;
   step.new_topology = rebuilt || filtered;
   step.species = species;
-  const bool plan = session->uses_exchange();
-  step.owner = plan ? owner : nullptr;
-  step.send_rows = plan ? send_rows.data() : nullptr;
-  step.nsend = plan ? nsend() : 0;
-  step.nrecv = plan ? nreceived : 0;
+  const bool exchanging = session->uses_exchange();
+  step.owner = exchanging ? owner : nullptr;
+  step.send_rows = exchanging ? exchange_plan->send_rows().data() : nullptr;
+  step.nsend = exchanging ? exchange_plan->nsend() : 0;
+  step.nrecv = exchanging ? exchange_plan->nrecv() : 0;
   step.remote = comm->nprocs > 1;
   step.filtered = filtered;
-  step.npairs = filtered ? pairs_in_cutoff() : ncandidates;
+  step.npairs = filtered ? NvalchemiLammps::pairs_within(session->cutoff(), atom->x, candidate_i,
+                                                         candidate_j, ncandidates, pair_i, pair_j,
+                                                         rij)
+                         : ncandidates;
   step.capacity = maxpair;
   step.pair_i = slot_i;
   step.pair_j = slot_j;
@@ -231,6 +237,38 @@ void PairNvalchemi::compute(int eflag, int vflag)
 }
 
 /* ----------------------------------------------------------------------
+   after a neighbor-list build: species, candidate pairs and the exchange
+   plan (ghost features: a ghost copies its owner's row; every row's origin,
+   rank and owned row there, travels to the ghosts by LAMMPS's forward
+   communication exactly as positions do, through intermediate ghosts)
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::build_topology()
+{
+  const int *type = atom->type;
+  const int nlocal = atom->nlocal;
+  const int ntotal = nlocal + atom->nghost;
+
+  // receivers: owned atoms; with the widened shell also ghosts, whose
+  // features are then computed here instead of being exchanged
+  const int nreceivers = shell ? list->inum + list->gnum : list->inum;
+  grow_buffers(ntotal, NvalchemiLammps::listed_pair_count(list, nreceivers));
+  for (int k = 0; k < ntotal; k++) species[k] = map[type[k]];
+  ncandidates = NvalchemiLammps::listed_pairs(list, nreceivers, species, candidate_i, candidate_j);
+
+  if (session->uses_exchange()) {
+    std::vector<double> origin(2 * static_cast<size_t>(ntotal));
+    for (int i = 0; i < nlocal; i++) {
+      origin[2 * i] = comm->me;
+      origin[2 * i + 1] = i;
+    }
+    forward_exchange(origin.data(), 2);
+    exchange_plan->build(origin.data(), nlocal, ntotal, owner);
+  }
+  topology_ntotal = ntotal;
+}
+
+/* ----------------------------------------------------------------------
    f[i] += fij, f[j] -= fij for the pairs that came back, fij given as a
    vector or, for a pair potential's closed form, as s * rij (multiplied here:
    the same product torch would form, so the same bits)
@@ -284,224 +322,55 @@ void PairNvalchemi::apply_pair_forces(int npairs, bool scalars, const bigint *sl
 }
 
 /* ----------------------------------------------------------------------
-   an error's text led by its Python exception type, once
+   allocate all arrays
 ------------------------------------------------------------------------- */
 
-std::string PairNvalchemi::with_type(const std::exception &err)
+void PairNvalchemi::allocate()
 {
-  const auto *python = dynamic_cast<const NvalchemiLammps::PythonError *>(&err);
-  const std::string text = err.what();
-  if (!python || python->type().empty() || text.rfind(python->type(), 0) == 0) return text;
-  return python->type() + ": " + text;
-}
-
-/* ----------------------------------------------------------------------
-   a Python traceback goes to the log of rank 0 (its screen without a log),
-   once; every failing rank's error message carries the exception's text
-------------------------------------------------------------------------- */
-
-void PairNvalchemi::log_traceback(const std::exception &err)
-{
-  const auto *python = dynamic_cast<const NvalchemiLammps::PythonError *>(&err);
-  if (!python || python->traceback().empty() || comm->me != 0) return;
-  FILE *out = logfile ? logfile : screen;
-  if (!out) return;
-  utils::print(out, "pair_style nvalchemi: Python traceback:\n{}", python->traceback());
-  fflush(out);
-}
-
-/* ----------------------------------------------------------------------
-   error->one (a failure of this rank alone ends the run), then a moment
-   before LAMMPS's main calls MPI_Abort: mpirun may end the job before it has
-   passed on what this rank printed (seen with MPICH's launcher on a loaded
-   machine, two ranks failing at once: exit 1 and no message at all)
-------------------------------------------------------------------------- */
-
-void PairNvalchemi::abort_one(const std::string &file, int line, const std::string &message)
-{
-  try {
-    error->one(file, line, message);
-  } catch (LAMMPSAbortException &) {
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-    throw;
+  allocated = 1;
+  const int np1 = atom->ntypes + 1;
+  memory->create(setflag, np1, np1, "pair:setflag");
+  memory->create(cutsq, np1, np1, "pair:cutsq");
+  memory->create(cutghost, np1, np1, "pair:cutghost");
+  map = new int[np1];
+  for (int i = 0; i < np1; i++) {
+    map[i] = -1;
+    for (int j = 0; j < np1; j++) setflag[i][j] = 0;
   }
 }
 
-/* ----------------------------------------------------------------------
-   after a neighbor-list build: species, candidate pairs and the exchange plan
-------------------------------------------------------------------------- */
+/* ---------------------------------------------------------------------- */
 
-void PairNvalchemi::build_topology()
+void PairNvalchemi::grow_buffers(int natoms, int npairs)
 {
-  const int *type = atom->type;
-  const int nlocal = atom->nlocal;
-  const int ntotal = nlocal + atom->nghost;
-  const int *ilist = list->ilist;
-  const int *numneigh = list->numneigh;
-  int **firstneigh = list->firstneigh;
-
-  // receivers: owned atoms; with the widened shell also ghosts, whose
-  // features are then computed here instead of being exchanged
-  const int nreceivers = shell ? list->inum + list->gnum : list->inum;
-  int maxneigh = 0;
-  for (int ii = 0; ii < nreceivers; ii++) maxneigh += numneigh[ilist[ii]];
-  grow_buffers(ntotal, maxneigh);
-
-  for (int k = 0; k < ntotal; k++) species[k] = map[type[k]];
-
-  // every directed pair of mapped atoms in the list (cutoff plus skin)
-  ncandidates = 0;
-  for (int ii = 0; ii < nreceivers; ii++) {
-    const int i = ilist[ii];
-    if (species[i] < 0) continue;
-    const int *jlist = firstneigh[i];
-    for (int jj = 0; jj < numneigh[i]; jj++) {
-      const int j = jlist[jj] & NEIGHMASK;
-      if (species[j] < 0) continue;
-      candidate_i[ncandidates] = i;
-      candidate_j[ncandidates] = j;
-      ncandidates++;
-    }
+  if (natoms > maxatom) {
+    maxatom = natoms;
+    memory->destroy(species);
+    memory->destroy(owner);
+    memory->destroy(atom_energies);
+    memory->destroy(atom_forces);
+    memory->create(species, maxatom, "pair:species");
+    memory->create(owner, maxatom, "pair:owner");
+    memory->create(atom_energies, maxatom, "pair:atom_energies");
+    memory->create(atom_forces, 3 * maxatom, "pair:atom_forces");
   }
-
-  if (session->uses_exchange()) build_exchange_plan();
-  topology_ntotal = ntotal;
-}
-
-/* ----------------------------------------------------------------------
-   after a neighbor-list build: where each row's exchanged values come from.
-   A ghost of an atom owned here gathers from it on the model's device; a ghost
-   of a remote atom from one received row per distinct remote atom, so each
-   exchange moves only those rows between ranks, in the model's precision.
-------------------------------------------------------------------------- */
-
-void PairNvalchemi::build_exchange_plan()
-{
-  const int nlocal = atom->nlocal;
-  const int ntotal = nlocal + atom->nghost;
-
-  // every row's origin (rank, owned row there), carried to the ghosts by LAMMPS's
-  // forward communication exactly as positions travel (through intermediate ghosts)
-  std::vector<double> origin(2 * static_cast<size_t>(ntotal));
-  for (int i = 0; i < nlocal; i++) {
-    origin[2 * i] = comm->me;
-    origin[2 * i + 1] = i;
+  if (npairs > maxpair) {
+    maxpair = npairs;
+    memory->destroy(candidate_i);
+    memory->destroy(candidate_j);
+    memory->destroy(pair_i);
+    memory->destroy(pair_j);
+    memory->destroy(rij);
+    memory->destroy(pair_forces);
+    memory->destroy(pair_scalars);
+    memory->create(candidate_i, maxpair, "pair:candidate_i");
+    memory->create(candidate_j, maxpair, "pair:candidate_j");
+    memory->create(pair_i, maxpair, "pair:pair_i");
+    memory->create(pair_j, maxpair, "pair:pair_j");
+    memory->create(rij, 3 * maxpair, "pair:rij");
+    memory->create(pair_forces, 3 * maxpair, "pair:pair_forces");
+    memory->create(pair_scalars, maxpair, "pair:pair_scalars");
   }
-  forward_exchange(origin.data(), 2);
-  plan_from_origins(origin.data(), owner);
-}
-
-/* ----------------------------------------------------------------------
-   the exchange plan from every row's origin (rank, owned row there; two
-   values a row): source[k] the row of [owned rows, received rows] row k
-   copies; send_rows, send_counts, recv_counts, nreceived. Collective.
-------------------------------------------------------------------------- */
-
-void PairNvalchemi::plan_from_origins(const double *origin, bigint *source)
-{
-  const int nlocal = atom->nlocal;
-  const int ntotal = nlocal + atom->nghost;
-  const int nprocs = comm->nprocs;
-
-  // remote origins: one slot per distinct atom, numbered per rank, then ranks in order
-  std::vector<std::unordered_map<bigint, int>> slot(nprocs);
-  std::vector<std::vector<bigint>> wanted(nprocs);
-  std::vector<int> from(ntotal, comm->me);
-  for (int k = 0; k < ntotal; k++) {
-    const int rank = static_cast<int>(origin[2 * k]);
-    const auto row = static_cast<bigint>(origin[2 * k + 1]);
-    if (rank == comm->me) {
-      source[k] = row;
-      continue;
-    }
-    const auto added = slot[rank].emplace(row, static_cast<int>(wanted[rank].size()));
-    if (added.second) wanted[rank].push_back(row);
-    source[k] = added.first->second;
-    from[k] = rank;
-  }
-  std::vector<int> first(nprocs + 1, 0);
-  recv_counts.assign(nprocs, 0);
-  for (int r = 0; r < nprocs; r++) {
-    recv_counts[r] = static_cast<int>(wanted[r].size());
-    first[r + 1] = first[r] + recv_counts[r];
-  }
-  nreceived = first[nprocs];
-  for (int k = 0; k < ntotal; k++)
-    if (from[k] != comm->me) source[k] += nlocal + first[from[k]];
-
-  // tell each rank which of its atoms this one receives
-  send_counts.assign(nprocs, 0);
-  MPI_Alltoall(recv_counts.data(), 1, MPI_INT, send_counts.data(), 1, MPI_INT, world);
-  std::vector<bigint> requests;
-  requests.reserve(nreceived);
-  for (int r = 0; r < nprocs; r++) requests.insert(requests.end(), wanted[r].begin(), wanted[r].end());
-  std::vector<int> send_first(nprocs + 1, 0);
-  for (int r = 0; r < nprocs; r++) send_first[r + 1] = send_first[r] + send_counts[r];
-  send_rows.assign(send_first[nprocs], 0);
-  MPI_Alltoallv(requests.data(), recv_counts.data(), first.data(), MPI_LMP_BIGINT,
-                send_rows.data(), send_counts.data(), send_first.data(), MPI_LMP_BIGINT, world);
-}
-
-/* ----------------------------------------------------------------------
-   rows between ranks by the exchange plan, float64 or float32 (single)
-------------------------------------------------------------------------- */
-
-void PairNvalchemi::transfer(const void *send, void *recv, int width, bool single,
-                             bool reverse)
-{
-  const int nprocs = comm->nprocs;
-  const std::vector<int> &out = reverse ? recv_counts : send_counts;
-  const std::vector<int> &in = reverse ? send_counts : recv_counts;
-  std::vector<int> sendcounts(nprocs), sdispls(nprocs), recvcounts(nprocs), rdispls(nprocs);
-  int sent = 0, received = 0;
-  for (int r = 0; r < nprocs; r++) {
-    sendcounts[r] = out[r] * width;
-    recvcounts[r] = in[r] * width;
-    sdispls[r] = sent;
-    rdispls[r] = received;
-    sent += sendcounts[r];
-    received += recvcounts[r];
-  }
-  const MPI_Datatype type = single ? MPI_FLOAT : MPI_DOUBLE;
-  MPI_Alltoallv(send, sendcounts.data(), sdispls.data(), type, recv, recvcounts.data(),
-                rdispls.data(), type, world);
-}
-
-/* ----------------------------------------------------------------------
-   host path: the candidates within the model cutoff, with rij = x_j - x_i
-------------------------------------------------------------------------- */
-
-int PairNvalchemi::pairs_in_cutoff()
-{
-  if (ncandidates == 0) return 0;
-  const double cutoff = session->cutoff();
-  const double cutsq_model = cutoff * cutoff;
-  // contiguous rows of three, and local pointers: no member reloaded after each store
-  const double *const x0 = atom->x[0];
-  const bigint *const from = candidate_i;
-  const bigint *const to = candidate_j;
-  bigint *const out_i = pair_i;
-  bigint *const out_j = pair_j;
-  double *const out_rij = rij;
-  int npairs = 0;
-  for (int k = 0; k < ncandidates; k++) {
-    const bigint i = from[k];
-    const bigint j = to[k];
-    const double *xi = x0 + 3 * i;
-    const double *xj = x0 + 3 * j;
-    const double dx = xj[0] - xi[0];
-    const double dy = xj[1] - xi[1];
-    const double dz = xj[2] - xi[2];
-    // written always, kept when inside: no branch for the ~30 % of candidates in the skin
-    // to mispredict (slots npairs <= k < capacity exist)
-    out_i[npairs] = i;
-    out_j[npairs] = j;
-    out_rij[3 * npairs + 0] = dx;
-    out_rij[3 * npairs + 1] = dy;
-    out_rij[3 * npairs + 2] = dz;
-    npairs += dx * dx + dy * dy + dz * dz < cutsq_model ? 1 : 0;
-  }
-  return npairs;
 }
 
 /* ----------------------------------------------------------------------
@@ -585,7 +454,19 @@ void PairNvalchemi::settings(int narg, char **arg)
                                  message));
   if (nfailed) error->all(FLERR, "Pair style nvalchemi: model {} failed to load on {} rank(s)",
                           model_path, nfailed);
-  check_same_model();
+  // what changes what is computed, compared across ranks before the model is configured
+  const std::string device_used = model_device(device);    // cuda:N differs between ranks
+  keywords = {{"strategy", strategy},
+              {"device", device_used.substr(0, device_used.find(':'))},
+              {"charge", fmt::format("{}", total_charge)},
+              {"spin", spin < 0 ? std::string("not given") : std::to_string(spin)},
+              {"task", task.empty() ? std::string("not given") : task},
+              {"compile", compile_mode}};
+  check_same_settings();
+  if (comm->me == 0 && !session->digest_verified())
+    error->warning(FLERR, "Pair style nvalchemi: model file {} carries no digest (written before "
+                   "nvalchemi-lammps checked them): its contents cannot be verified; export it "
+                   "again to add one", model_path);
 
   // the model may refuse a strategy: deterministic, so the same on every rank
   try {
@@ -621,110 +502,79 @@ std::string PairNvalchemi::model_device(const std::string &given) const
 }
 
 /* ----------------------------------------------------------------------
-   every rank loaded the same model: node-local copies of a model file may
-   differ, so the digests of what the ranks loaded are compared, and all stop
-   together naming the ranks whose model differs from rank 0's
+   every rank computes the same thing: the model's digest (node-local copies
+   of a model file may differ) and every setting that changes what is
+   computed, gathered from all ranks at once; all stop together, naming the
+   setting and the ranks where it differs from rank 0. Runs before anything
+   that depends on them (the model's configuration, the neighbor request, the
+   exchanges), which would stop one rank alone or hang on a mismatch.
 ------------------------------------------------------------------------- */
 
-void PairNvalchemi::check_same_model()
+void PairNvalchemi::check_same_settings()
 {
-  static constexpr int DIGEST_CHARS = 80;    // "sha256:" + 64 hex digits, NUL-padded
-  char mine[DIGEST_CHARS] = {};
-  strncpy(mine, session->digest().c_str(), DIGEST_CHARS - 1);
-  std::vector<char> all(static_cast<size_t>(DIGEST_CHARS) * comm->nprocs);
-  MPI_Allgather(mine, DIGEST_CHARS, MPI_CHAR, all.data(), DIGEST_CHARS, MPI_CHAR, world);
-  std::string differ;
-  int ndiffer = 0;
-  for (int r = 1; r < comm->nprocs; r++)
-    if (strncmp(&all[DIGEST_CHARS * r], all.data(), DIGEST_CHARS) != 0) {
-      differ += fmt::format("{}{}", ndiffer ? ", " : "", r);
-      ndiffer++;
+  static constexpr int SHOWN = 8;    // ranks named in the message
+  // "name\nvalue\n" per setting: LAMMPS's arguments hold no newline
+  std::string mine;
+  for (const auto &setting : compared_settings())
+    mine += setting.first + '\n' + setting.second + '\n';
+  const int nprocs = comm->nprocs;
+  int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(nprocs), first(nprocs + 1, 0);
+  MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, world);
+  for (int r = 0; r < nprocs; r++) first[r + 1] = first[r] + lengths[r];
+  std::vector<char> all(std::max(first[nprocs], 1));
+  MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), first.data(), MPI_CHAR,
+                 world);
+
+  // each rank's lines: names and values alternating, in the same order on every rank
+  std::vector<std::vector<std::string>> lines(nprocs);
+  for (int r = 0; r < nprocs; r++) {
+    const char *text = all.data() + first[r];
+    for (int start = 0, k = 0; k < lengths[r]; k++)
+      if (text[k] == '\n') {
+        lines[r].emplace_back(text + start, k - start);
+        start = k + 1;
+      }
+  }
+  const std::vector<std::string> &reference = lines[0];
+  for (size_t k = 0; k + 1 < reference.size(); k += 2) {
+    std::vector<int> differ;
+    for (int r = 1; r < nprocs; r++)
+      if (lines[r].size() != reference.size() || lines[r][k + 1] != reference[k + 1])
+        differ.push_back(r);
+    if (differ.empty()) continue;
+    const std::string &name = reference[k];
+    if (name == "model") {
+      std::string ranks;
+      for (size_t n = 0; n < differ.size(); n++)
+        ranks += fmt::format("{}{}", n ? ", " : "", differ[n]);
+      error->all(FLERR, "Pair style nvalchemi: the model differs between ranks: rank(s) {} loaded "
+                 "other contents than rank 0 ({}, {:.23}...); give every rank the same model "
+                 "file", ranks, model_path, reference[k + 1]);
     }
-  if (ndiffer)
-    error->all(FLERR, "Pair style nvalchemi: the model differs between ranks: rank(s) {} loaded "
-               "other contents than rank 0 ({}, {:.23}...); give every rank the same model file",
-               differ, model_path, all.data());
-  if (comm->me == 0 && !session->digest_verified())
-    error->warning(FLERR, "Pair style nvalchemi: model file {} carries no digest (written before "
-                   "nvalchemi-lammps checked them): its contents cannot be verified; export it "
-                   "again to add one", model_path);
+    std::string values = fmt::format("rank 0 '{}'", reference[k + 1]);
+    for (size_t n = 0; n < differ.size() && n < SHOWN; n++) {
+      const std::vector<std::string> &other = lines[differ[n]];
+      values += fmt::format(", rank {} '{}'", differ[n],
+                            other.size() == reference.size() ? other[k + 1] : std::string("?"));
+    }
+    if (differ.size() > SHOWN) values += fmt::format(" ... ({} ranks differ)", differ.size());
+    error->all(FLERR, "Pair style nvalchemi: the {} differs between ranks: {}; give every rank "
+               "the same pair_style and pair_coeff", name, values);
+  }
 }
 
 /* ----------------------------------------------------------------------
-   end of a run: how many graphs torch.compile compiled during it (the most on any rank);
-   after the first run of an MD simulation this should stay 0
+   what check_same_settings() compares, as (name, value): the model, the
+   pair_style keywords that change what is computed, the element map
 ------------------------------------------------------------------------- */
 
-void PairNvalchemi::finish()
+std::vector<std::pair<std::string, std::string>> PairNvalchemi::compared_settings() const
 {
-  if (!compiling || !session) return;
-  NvalchemiLammps::PythonSession::CompileStatus status{-1, 0, 0};
-  try {
-    status = session->compile_status();
-  } catch (std::exception &err) {
-    log_traceback(err);
-    abort_one(FLERR, fmt::format("pair_style nvalchemi: {}", err.what()));
-  }
-  long local[2] = {status.graphs - compiled_before, status.graphs}, most[2];
-  MPI_Allreduce(local, most, 2, MPI_LONG, MPI_MAX, world);
-  compiled_before = status.graphs;
-  if (comm->me == 0)
-    utils::logmesg(lmp,
-                   "pair_style nvalchemi: torch.compile: {} graph(s) compiled during this run, "
-                   "{} in all; padded to {} atoms and {} pairs on rank 0\n",
-                   most[0], most[1], status.atoms, status.pairs);
-}
-
-/* ----------------------------------------------------------------------
-   allocate all arrays
-------------------------------------------------------------------------- */
-
-void PairNvalchemi::allocate()
-{
-  allocated = 1;
-  const int np1 = atom->ntypes + 1;
-  memory->create(setflag, np1, np1, "pair:setflag");
-  memory->create(cutsq, np1, np1, "pair:cutsq");
-  memory->create(cutghost, np1, np1, "pair:cutghost");
-  map = new int[np1];
-  for (int i = 0; i < np1; i++) {
-    map[i] = -1;
-    for (int j = 0; j < np1; j++) setflag[i][j] = 0;
-  }
-}
-
-/* ---------------------------------------------------------------------- */
-
-void PairNvalchemi::grow_buffers(int natoms, int npairs)
-{
-  if (natoms > maxatom) {
-    maxatom = natoms;
-    memory->destroy(species);
-    memory->destroy(owner);
-    memory->destroy(atom_energies);
-    memory->destroy(atom_forces);
-    memory->create(species, maxatom, "pair:species");
-    memory->create(owner, maxatom, "pair:owner");
-    memory->create(atom_energies, maxatom, "pair:atom_energies");
-    memory->create(atom_forces, 3 * maxatom, "pair:atom_forces");
-  }
-  if (npairs > maxpair) {
-    maxpair = npairs;
-    memory->destroy(candidate_i);
-    memory->destroy(candidate_j);
-    memory->destroy(pair_i);
-    memory->destroy(pair_j);
-    memory->destroy(rij);
-    memory->destroy(pair_forces);
-    memory->destroy(pair_scalars);
-    memory->create(candidate_i, maxpair, "pair:candidate_i");
-    memory->create(candidate_j, maxpair, "pair:candidate_j");
-    memory->create(pair_i, maxpair, "pair:pair_i");
-    memory->create(pair_j, maxpair, "pair:pair_j");
-    memory->create(rij, 3 * maxpair, "pair:rij");
-    memory->create(pair_forces, 3 * maxpair, "pair:pair_forces");
-    memory->create(pair_scalars, maxpair, "pair:pair_scalars");
-  }
+  std::vector<std::pair<std::string, std::string>> settings = {{"model", session->digest()}};
+  settings.insert(settings.end(), keywords.begin(), keywords.end());
+  settings.emplace_back("element map", elements);
+  return settings;
 }
 
 /* ----------------------------------------------------------------------
@@ -754,6 +604,8 @@ void PairNvalchemi::coeff(int narg, char **arg)
   }
 
   for (int i = 1; i <= ntypes; i++) map[i] = mapped[i - 1];
+  elements.clear();
+  for (const auto &name : names) elements += (elements.empty() ? "" : " ") + name;
   // NULL leaves a type's pairs to another style: only hybrid has one (LAMMPS would
   // only say "All pair coeffs are not set")
   if (force->pair == this)
@@ -772,12 +624,36 @@ void PairNvalchemi::coeff(int narg, char **arg)
 }
 
 /* ----------------------------------------------------------------------
+   pair_modify as for any pair style, and whether mix was written: mix_flag
+   cannot tell an explicit "mix geometric" from LAMMPS's default
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::modify_params(int narg, char **arg)
+{
+  Pair::modify_params(narg, arg);
+  // every keyword takes one value but nofdotr (Pair::modify_params checked them)
+  for (int iarg = 0; iarg < narg; iarg += strcmp(arg[iarg], "nofdotr") == 0 ? 1 : 2)
+    if (strcmp(arg[iarg], "mix") == 0) mix_rule = arg[iarg + 1];
+}
+
+/* ----------------------------------------------------------------------
    init specific to this pair style
 ------------------------------------------------------------------------- */
 
 void PairNvalchemi::init_style()
 {
   if (!session) error->all(FLERR, "Pair style nvalchemi: pair_style must name a model file");
+  check_same_settings();
+  // LAMMPS would accept these and change nothing: the energy is the model's alone
+  auto refuse = [this](const std::string &what) {
+    error->all(FLERR, "Pair style nvalchemi does not support pair_modify {}: the model gives the "
+               "whole energy, so a tail correction, a shift at the cutoff or a mixing rule must "
+               "be part of the model (see the pair_style nvalchemi docs); under pair_style "
+               "hybrid, give it to the other style: pair_modify pair <style> {}", what, what);
+  };
+  if (tail_flag) refuse("tail yes");
+  if (offset_flag) refuse("shift yes");
+  if (!mix_rule.empty()) refuse("mix " + mix_rule);
   if (force->newton_pair == 0) error->all(FLERR, "Pair style nvalchemi requires newton pair on");
   if (atom->tag_enable == 0) error->all(FLERR, "Pair style nvalchemi requires atom IDs");
   if (session->units() != update->unit_style)
@@ -814,6 +690,31 @@ double PairNvalchemi::init_one(int i, int j)
   // ghosts reach layers x cutoff deep; only pairs within the cutoff are used
   cutghost[i][j] = cutghost[j][i] = session->cutoff();
   return session->ghost_cutoff();
+}
+
+/* ----------------------------------------------------------------------
+   end of a run: how many graphs torch.compile compiled during it (the most on any rank);
+   after the first run of an MD simulation this should stay 0
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::finish()
+{
+  if (!compiling || !session) return;
+  NvalchemiLammps::PythonSession::CompileStatus status{-1, 0, 0};
+  try {
+    status = session->compile_status();
+  } catch (std::exception &err) {
+    log_traceback(err);
+    abort_one(FLERR, fmt::format("pair_style nvalchemi: {}", err.what()));
+  }
+  long local[2] = {status.graphs - compiled_before, status.graphs}, most[2];
+  MPI_Allreduce(local, most, 2, MPI_LONG, MPI_MAX, world);
+  compiled_before = status.graphs;
+  if (comm->me == 0)
+    utils::logmesg(lmp,
+                   "pair_style nvalchemi: torch.compile: {} graph(s) compiled during this run, "
+                   "{} in all; padded to {} atoms and {} pairs on rank 0\n",
+                   most[0], most[1], status.atoms, status.pairs);
 }
 
 /* ----------------------------------------------------------------------
@@ -905,4 +806,47 @@ double PairNvalchemi::memory_usage()
   bytes += static_cast<double>(maxatom) * (2 * sizeof(bigint) + 4 * sizeof(double));
   bytes += static_cast<double>(maxpair) * (4 * sizeof(bigint) + 7 * sizeof(double));
   return bytes;
+}
+/* ----------------------------------------------------------------------
+   an error's text led by its Python exception type, once
+------------------------------------------------------------------------- */
+
+std::string PairNvalchemi::with_type(const std::exception &err)
+{
+  const auto *python = dynamic_cast<const NvalchemiLammps::PythonError *>(&err);
+  const std::string text = err.what();
+  if (!python || python->type().empty() || text.rfind(python->type(), 0) == 0) return text;
+  return python->type() + ": " + text;
+}
+
+/* ----------------------------------------------------------------------
+   a Python traceback goes to the log of rank 0 (its screen without a log),
+   once; every failing rank's error message carries the exception's text
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::log_traceback(const std::exception &err)
+{
+  const auto *python = dynamic_cast<const NvalchemiLammps::PythonError *>(&err);
+  if (!python || python->traceback().empty() || comm->me != 0) return;
+  FILE *out = logfile ? logfile : screen;
+  if (!out) return;
+  utils::print(out, "pair_style nvalchemi: Python traceback:\n{}", python->traceback());
+  fflush(out);
+}
+
+/* ----------------------------------------------------------------------
+   error->one (a failure of this rank alone ends the run), then a moment
+   before LAMMPS's main calls MPI_Abort: mpirun may end the job before it has
+   passed on what this rank printed (seen with MPICH's launcher on a loaded
+   machine, two ranks failing at once: exit 1 and no message at all)
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::abort_one(const std::string &file, int line, const std::string &message)
+{
+  try {
+    error->one(file, line, message);
+  } catch (LAMMPSAbortException &) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    throw;
+  }
 }

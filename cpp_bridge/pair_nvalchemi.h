@@ -17,9 +17,11 @@ PairStyle(nvalchemi,PairNvalchemi);
 
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace NvalchemiLammps {
+class ExchangePlan;
 class PythonSession;
 }
 
@@ -33,6 +35,7 @@ class PairNvalchemi : public Pair {
   void compute(int, int) override;
   void settings(int, char **) override;
   void coeff(int, char **) override;
+  void modify_params(int, char **) override;
   void init_style() override;
   double init_one(int, int) override;
   double memory_usage() override;
@@ -46,11 +49,9 @@ class PairNvalchemi : public Pair {
   // LAMMPS communication of per-atom rows for the model (see python_bridge.h)
   void forward_exchange(double *rows, int width);
   void reverse_exchange(double *rows, int width);
-  // rows between ranks by the exchange plan (see PythonSession::Step): forward, the
-  // nsend rows go out and nrecv come in; reverse, the other way round
-  void transfer(const void *send, void *recv, int width, bool single, bool reverse);
-  int nsend() const { return static_cast<int>(send_rows.size()); }
-  int nrecv() const { return nreceived; }
+  // the exchange plan of the last neighbor-list build (strategy exchange; see
+  // PythonSession::Step): rows between ranks
+  NvalchemiLammps::ExchangePlan &plan() const { return *exchange_plan; }
 
  protected:
   NvalchemiLammps::PythonSession *session;
@@ -69,12 +70,9 @@ class PairNvalchemi : public Pair {
   int maxatom, maxpair;
   bigint *species;
   // exchange plan: the row of [owned rows, rows received from other ranks] each row
-  // copies; the owned rows other ranks receive and how many rows go to and come from
-  // each rank
+  // copies, and what goes to and comes from each rank
   bigint *owner;
-  std::vector<bigint> send_rows;
-  std::vector<int> send_counts, recv_counts;
-  int nreceived;
+  NvalchemiLammps::ExchangePlan *exchange_plan;
   // from the last neighbor-list build: every listed pair (cutoff plus skin)
   bigint *candidate_i, *candidate_j;
   int ncandidates;
@@ -86,20 +84,23 @@ class PairNvalchemi : public Pair {
   double extra_virial[6];     // their virial beyond f.r
 
   std::string model_path;    // as given to pair_style, for the messages
+  // what changes what is computed, compared across ranks (check_same_settings): the
+  // pair_style keywords as (name, value) and the pair_coeff element names
+  std::vector<std::pair<std::string, std::string>> keywords;
+  std::string elements;
+  std::string mix_rule;    // pair_modify mix as written, "" when not
 
   // the device the model runs on, from the keyword device ("" when not given)
   virtual std::string model_device(const std::string &given) const;
   void allocate();
-  void check_same_model();
+  void check_same_settings();
+  virtual std::vector<std::pair<std::string, std::string>> compared_settings() const;
   void apply_pair_forces(int npairs, bool scalars, const bigint *slot_i, const bigint *slot_j);
   void log_traceback(const std::exception &err);
   [[noreturn]] void abort_one(const std::string &file, int line, const std::string &message);
   static std::string with_type(const std::exception &err);
   void grow_buffers(int natoms, int npairs);
   void build_topology();
-  void build_exchange_plan();
-  void plan_from_origins(const double *origin, bigint *source);
-  int pairs_in_cutoff();
 };
 
 }    // namespace LAMMPS_NS

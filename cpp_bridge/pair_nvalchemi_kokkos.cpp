@@ -45,6 +45,7 @@
 #include "update.h"
 #include "utils.h"
 
+#include "exchange_plan.h"
 #include "kokkos_bridge.h"
 #include "python_bridge.h"
 
@@ -130,11 +131,11 @@ template <class DeviceType> class KokkosCollectives : public DeviceCollectives {
   {
     pair->exchange_on_device(rows, nrows, width, forward);
   }
-  int nsend() const override { return pair->nsend(); }
-  int nrecv() const override { return pair->nrecv(); }
+  int nsend() const override { return pair->plan().nsend(); }
+  int nrecv() const override { return pair->plan().nrecv(); }
   void transfer(const void *send, void *recv, int width, bool single, bool reverse) override
   {
-    pair->transfer(send, recv, width, single, reverse);
+    pair->plan().transfer(send, recv, width, single, reverse);
   }
   void allreduce(double *values, int count) override
   {
@@ -231,8 +232,8 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
       error->one(FLERR, "Pair style nvalchemi/kk: the ghost atoms changed without a "
                         "neighbor-list build");
     step.owners = describe<DeviceType>(d_owners, ntotal);
-    step.send_rows = describe<DeviceType>(d_send_rows, nsend());
-    step.nrecv = nrecv();
+    step.send_rows = describe<DeviceType>(d_send_rows, plan().nsend());
+    step.nrecv = plan().nrecv();
   }
   if (session->needs_positions()) {
     if (charged) step.charges = describe<DeviceType>(atomKK->k_q.view<DeviceType>(), ntotal);
@@ -375,7 +376,7 @@ template <class DeviceType> bool PairNvalchemiKokkos<DeviceType>::uses_plan() co
 }
 
 /* ----------------------------------------------------------------------
-   the exchange plan (PairNvalchemi::plan_from_origins) into d_owners and
+   the exchange plan (ExchangePlan::build) into d_owners and
    d_send_rows: every row's origin (rank, owned row there) carried to the
    ghosts by one forward exchange, as positions travel (through intermediate
    ghosts). On one rank that is the whole plan, made on the device.
@@ -407,7 +408,8 @@ void PairNvalchemiKokkos<DeviceType>::build_plan(int nlocal, int ntotal)
     typedef Kokkos::View<int64_t *, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> t_host_index;
     auto h_origin = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), origin);
     std::vector<bigint> source(std::max(ntotal, 1));
-    plan_from_origins(h_origin.data(), source.data());
+    plan().build(h_origin.data(), nlocal, ntotal, source.data());
+    const std::vector<int64_t> &send_rows = plan().send_rows();
     Kokkos::deep_copy(Kokkos::subview(d_owners, std::make_pair(0, ntotal)),
                       t_host_index(source.data(), ntotal));
     if ((int64_t) d_send_rows.extent(0) < (int64_t) send_rows.size())
@@ -458,15 +460,16 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::coeff(int narg
 
 template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::init_style()
 {
-  PairNvalchemi::init_style();
   // NVALCHEMI_LAMMPS_EXCHANGE=comm: every exchange through KOKKOS's communication, where
-  // the exchange plan would be used (to compare the two)
+  // the exchange plan would be used (to compare the two); read before pair_style
+  // nvalchemi's checks, which compare it across ranks
   const char *exchange = std::getenv("NVALCHEMI_LAMMPS_EXCHANGE");
   const std::string mode = exchange ? exchange : "gather";
   if (mode != "gather" && mode != "comm")
     error->all(FLERR, "Pair style nvalchemi/kk: NVALCHEMI_LAMMPS_EXCHANGE must be gather or "
                       "comm, not '{}'", mode);
   plan_exchange = mode == "gather";
+  PairNvalchemi::init_style();
   plan_built = -1;
   if (comm->me == 0 && !exchange_reported && session->uses_exchange()) {
     std::string how = "through KOKKOS's pair communication";
@@ -481,6 +484,21 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::init_style()
   request->set_kokkos_host(std::is_same_v<DeviceType, LMPHostType> &&
                            !std::is_same_v<DeviceType, LMPDeviceType>);
   request->set_kokkos_device(std::is_same_v<DeviceType, LMPDeviceType>);
+}
+
+/* ----------------------------------------------------------------------
+   pair_style nvalchemi's settings compared across ranks, and how ghost
+   features are exchanged: by the plan on some ranks and through KOKKOS's
+   communication on others would hang
+------------------------------------------------------------------------- */
+
+template <class DeviceType>
+std::vector<std::pair<std::string, std::string>>
+PairNvalchemiKokkos<DeviceType>::compared_settings() const
+{
+  auto settings = PairNvalchemi::compared_settings();
+  settings.emplace_back("NVALCHEMI_LAMMPS_EXCHANGE", plan_exchange ? "gather" : "comm");
+  return settings;
 }
 
 /* ----------------------------------------------------------------------

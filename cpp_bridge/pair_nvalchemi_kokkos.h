@@ -77,6 +77,7 @@ template <class DeviceType> class PairNvalchemiKokkos : public PairNvalchemi, pu
   // the rows being exchanged (exchange_width values per atom), in the execution space's
   // memory: a view of the model's tensor
   std::string model_device(const std::string &given) const override;
+  std::vector<std::pair<std::string, std::string>> compared_settings() const override;
 
   typedef Kokkos::View<double *, Kokkos::LayoutRight, DeviceType,
                        Kokkos::MemoryTraits<Kokkos::Unmanaged>>

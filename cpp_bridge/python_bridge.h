@@ -37,7 +37,7 @@ class PythonError : public std::runtime_error {
 // the pending Python exception as a PythonError (for the other bridge files); call with the GIL
 [[noreturn]] void raise_pending_python_error(const std::string &context);
 
-// Rows between ranks by an exchange plan (PairNvalchemi::plan_from_origins): forward,
+// Rows between ranks by an exchange plan (ExchangePlan, exchange_plan.h): forward,
 // nsend() rows of `width` values go out (in the plan's send rows' order) and nrecv() come
 // in; reverse, the other way round. float64 values, or float32 when `single`. Collective:
 // every rank calls it, with the same width.

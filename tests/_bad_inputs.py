@@ -88,6 +88,24 @@ BAD_INPUTS = [
         ("the model is in units metal but the input uses units real",),
         units="real",
     ),
+    # pair_modify asks for what the model alone decides: LAMMPS would accept it and change
+    # nothing (an lj/cut input moved over keeps its pressure-changing tail line silently)
+    BadInput(
+        "pair_modify_tail",
+        ("does not support pair_modify tail yes", "the model gives the whole energy"),
+        before_run="pair_modify tail yes",
+    ),
+    BadInput(
+        "pair_modify_shift",
+        ("does not support pair_modify shift yes", "the model gives the whole energy"),
+        before_run="pair_modify shift yes",
+    ),
+    # geometric is LAMMPS's default: refused too when written, as it is not applied either
+    BadInput(
+        "pair_modify_mix",
+        ("does not support pair_modify mix geometric", "the model gives the whole energy"),
+        before_run="pair_modify mix geometric",
+    ),
     # LAMMPS itself stops a NaN position before any pair style sees it (Domain::remap);
     # what matters here is that the run ends with a clear error on every rank.
     BadInput(

@@ -9,16 +9,17 @@ from __future__ import annotations
 import os
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from _bad_inputs import BAD_INPUTS, TIMEOUT, assert_clear_error, bad_input_script
+from _bad_inputs import BAD_INPUTS, TIMEOUT, BadInput, assert_clear_error, bad_input_script
 
-from nvalchemi_lammps import Ewald, save_model
+from nvalchemi_lammps import Ewald, MessagePassing, save_model
 from nvalchemi_lammps._model_file import FORMAT
-from nvalchemi_lammps.lammps_run import run_lammps
+from nvalchemi_lammps.lammps_run import lammps_command, run_command, run_lammps
 
 pytestmark = pytest.mark.lammps
 
@@ -50,6 +51,78 @@ def test_bad_input_is_a_clear_error(case, nprocs, argon_data, models, bad_models
     model = {**models, **bad_models}[case.model]
     script = bad_input_script(case, model, argon_data)
     assert_clear_error(case, run_lammps(script, nprocs, tmp_path, timeout=TIMEOUT))
+
+
+@dataclass(frozen=True)
+class RankSetting:
+    """One setting given otherwise on rank 1 than on rank 0: ``given`` the pair_style
+    keywords and pair_coeff elements of each, ``shown`` the values the error names."""
+
+    name: str
+    given: tuple[tuple[str, str], tuple[str, str]]
+    shown: tuple[str, str]
+    model: str = "argon"  # a key of the ``models`` fixture, or ``message_passing``
+
+
+RANK_SETTINGS = [
+    # before: ran, energies of both maps mixed
+    RankSetting("element map", (("", "Ar Ne"), ("", "Ne Ar")), ("Ar Ne", "Ne Ar"), "argon_neon"),
+    # before: MPICH's "Message truncated" assertion, no LAMMPS error
+    RankSetting(
+        "strategy",
+        (("strategy exchange", "Ar"), ("strategy shell", "Ar")),
+        ("exchange", "shell"),
+        "message_passing",
+    ),
+    RankSetting("charge", (("charge 0", "Ar"), ("charge 1", "Ar")), ("0", "1")),
+    RankSetting("spin", (("", "Ar"), ("spin 1", "Ar")), ("not given", "1")),
+    RankSetting("task", (("", "Ar"), ("task omol", "Ar")), ("not given", "omol")),
+    RankSetting("compile", (("compile no", "Ar"), ("compile yes", "Ar")), ("no", "default")),
+    # the same values written otherwise are the same settings: the run goes on
+    RankSetting("charge", (("charge 0", "Ar"), ("charge 0.0 compile no", "Ar")), ("0", "0")),
+]
+
+
+@pytest.mark.parametrize(
+    "case",
+    RANK_SETTINGS,
+    ids=lambda c: c.name.replace(" ", "_") + ("_same" if c.shown[0] == c.shown[1] else ""),
+)
+def test_setting_differing_between_ranks_stops_every_rank(case, argon_data, models, tmp_path):
+    """``mpirun -np 1 lmp -var ... : -np 1 lmp -var ...``, one setting that changes what is
+    computed given otherwise on rank 1: every rank stops, naming the setting and the ranks
+    (and the same setting written otherwise runs)."""
+    if case.model == "message_passing":
+        model = save_model(MessagePassing(["Ar"], cutoff=5.0, layers=2), tmp_path / "mp.pt")
+    else:
+        model = models[case.model]
+    types = len(case.given[0][1].split())
+    (tmp_path / "in.mpmd").write_text(
+        textwrap.dedent(
+            f"""\
+            units metal
+            atom_style atomic
+            read_data {argon_data} extra/atom/types {types - 1}
+            mass * 39.948
+            pair_style nvalchemi {model} ${{keywords}}
+            pair_coeff * * ${{elements}}
+            run 0
+            """
+        )
+    )
+    mpirun, lmp = lammps_command(1)[0], lammps_command(1)[-1]
+    cmd = [mpirun]
+    for separator, (keywords, elements) in zip(([], [":"]), case.given):
+        cmd += [*separator, "-np", "1", lmp, "-in", "in.mpmd"]
+        cmd += ["-var", "keywords", keywords or "strategy auto", "-var", "elements", elements]
+    run = run_command(cmd, tmp_path, timeout=TIMEOUT)
+    if case.shown[0] == case.shown[1]:
+        assert run.returncode == 0, run.output[-3000:]
+        return
+    expected = (
+        f"the {case.name} differs between ranks: rank 0 '{case.shown[0]}', rank 1 '{case.shown[1]}'"
+    )
+    assert_clear_error(BadInput(case.name, (expected,)), run)
 
 
 def _processes_in(directory) -> list[int]:
