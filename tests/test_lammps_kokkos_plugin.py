@@ -226,8 +226,11 @@ MODELS = {
     "lj": Model("lj_model"),
     "mp-exchange": Model("mp_model", keywords="strategy exchange"),
     # on several ranks KOKKOS's host path for pair communication makes the exchanges go by
-    # the exchange plan (remote atoms' rows once each, through the host)
-    "mp-exchange-hostcomm": Model("mp_model", keywords="strategy exchange", setup=HOST_COMM),
+    # the exchange plan (remote atoms' rows once each, through the host); on one rank the
+    # plan's gather is mp-exchange's
+    "mp-exchange-hostcomm": Model(
+        "mp_model", keywords="strategy exchange", setup=HOST_COMM, nprocs=(2, 4)
+    ),
     "mace-exchange-hostcomm": Model(
         "mace_model",
         elements="Ar Kr",
@@ -235,7 +238,8 @@ MODELS = {
         setup=HOST_COMM,
         nprocs=(2, 4),
     ),
-    "mp-shell": Model("mp_model", keywords="strategy shell"),
+    # no exchange: 2 ranks would repeat the 4 ranks' thick shell
+    "mp-shell": Model("mp_model", keywords="strategy shell", nprocs=(1, 4)),
     "mace-exchange": Model("mace_model", elements="Ar Kr", keywords="strategy exchange"),
     "d3-exchange": Model("d3_model", elements="C H", keywords="strategy exchange"),
     # charge equilibration: the net charge of every rank's atoms summed over ranks
@@ -418,7 +422,8 @@ def test_kokkos_equals_reference_and_plugin(kokkos_lammps, request, name, nprocs
         assert_runs_agree(label, kk, plain, tol=1e-10, stress=True)
 
 
-@pytest.mark.parametrize("nprocs", NPROCS)
+# 2 ranks: mliap unified's own tests (tests/test_lammps_mliap.py)
+@pytest.mark.parametrize("nprocs", [1, 4])
 def test_mliap_unified_after_the_plugin_started_python(kokkos_lammps, mp_model, nprocs, tmp_path):
     """``pair_style nvalchemi/kk`` first starts Python; ``pair_style mliap unified`` with the
     same model file next in the same input still imports ML-IAP's coupling module (which
