@@ -416,7 +416,8 @@ void PairNvalchemiKokkos<DeviceType>::build_plan(int nlocal, int ntotal)
       d_send_rows = t_index(Kokkos::view_alloc(Kokkos::WithoutInitializing, "nvalchemi:send"),
                             send_rows.size() + send_rows.size() / 4);
     Kokkos::deep_copy(Kokkos::subview(d_send_rows, std::make_pair(size_t(0), send_rows.size())),
-                      t_host_index(send_rows.data(), send_rows.size()));
+                      Kokkos::View<const int64_t *, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                          send_rows.data(), send_rows.size()));
   }
   plan_built = neighbor->ncalls;
   plan_ntotal = ntotal;
