@@ -12,8 +12,6 @@ import pytest
 
 from nvalchemi_lammps.cli import main
 
-pytestmark = pytest.mark.lammps
-
 TESTS = Path(__file__).resolve().parent
 
 
@@ -39,6 +37,7 @@ def _config(tmp_path: Path, model: str, extra: str = "") -> Path:
     return path
 
 
+@pytest.mark.lammps
 def test_bench_reports_every_run(tmp_path, capsys):
     config = _config(
         tmp_path, "{potential: message_passing, elements: [Ar, Ne], cutoff: 4.5, layers: 2}"
@@ -63,6 +62,7 @@ def test_bench_reports_every_run(tmp_path, capsys):
     assert "step/mdl" in capsys.readouterr().out
 
 
+@pytest.mark.lammps
 def test_bench_of_a_compiled_model_counts_its_compilations(tmp_path, capsys):
     config = _config(
         tmp_path,
@@ -77,6 +77,7 @@ def test_bench_of_a_compiled_model_counts_its_compilations(tmp_path, capsys):
     assert "compiled" in capsys.readouterr().out.splitlines()[0]
 
 
+@pytest.mark.lammps
 def test_bench_fails_when_rank_counts_disagree(tmp_path, monkeypatch, capsys):
     """A model reaching further than it declares gives other forces on 2 ranks."""
     site = tmp_path / "site"
@@ -110,6 +111,7 @@ def test_bad_configuration_is_refused(tmp_path, capsys, extra, message):
     assert message in capsys.readouterr().out
 
 
+@pytest.mark.lammps
 def test_styles_take_turns_beside_a_peer(tmp_path):
     """The host door and LAMMPS's lj/cut on the same argon, two rounds in one process: both
     timed every round, the same step-0 forces, only our door split into phases."""
@@ -177,6 +179,7 @@ def test_bad_styles_are_refused(tmp_path, capsys, extra, message):
 CONFIGS = sorted((TESTS.parent / "benchmarks" / "configs").glob("*.yaml"))
 
 
+@pytest.mark.slow  # MACE and AIMNet2 take tens of seconds to build
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_benchmark_configurations_build_their_models(path, tmp_path):
     """Every configuration in benchmarks/configs reads and writes its model file."""
