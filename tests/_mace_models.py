@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from nvalchemi_lammps.potentials import mace as mace_module
+from nvalchemi_lammps.potentials.mace import _mace_torch
 
 ELEMENTS = ("Ar", "Kr")
 R_MAX = 4.0
@@ -20,7 +20,7 @@ def random_mace(
     **options,
 ) -> torch.nn.Module:
     """A small mace-torch model with random weights, in float64."""
-    mm = mace_module._mace()
+    mm = _mace_torch._mace()
     from e3nn import o3
 
     kwargs = {
@@ -47,7 +47,7 @@ def random_mace(
     kwargs.update(options)
     kwargs["num_elements"] = len(kwargs["atomic_numbers"])
     torch.manual_seed(seed)
-    with mace_module._quiet_torchscript(), mace_module._default_dtype(torch.float64):
+    with _mace_torch._quiet_torchscript(), _mace_torch._default_dtype(torch.float64):
         model = cls(**kwargs)
     return model.eval()
 
@@ -135,7 +135,7 @@ def random_family(
     and ``elements`` shrink it for tests (the same blocks and options)."""
     from e3nn import o3
 
-    mm = mace_module._mace()
+    mm = _mace_torch._mace()
     options = dict(FAMILIES[name])
     if elements is not None:
         options["atomic_numbers"] = elements

@@ -40,8 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nvalchemi_lammps import LocalGraph, evaluate, load_model, save_model
 from nvalchemi_lammps.frontends.plugin import LammpsComm
-from nvalchemi_lammps.potentials import mace as mace_module
-from nvalchemi_lammps.potentials.mace import Mace, _mace_torch, _potential
+from nvalchemi_lammps.potentials.mace import Mace, _kernels, _mace_torch, _potential, model_config
 from nvalchemi_lammps.potentials.mace._tensor_product_splits import (
     _same_output,
     _split_column_slices,
@@ -50,7 +49,7 @@ from nvalchemi_lammps.potentials.mace._tensor_product_splits import (
 from nvalchemi_lammps.reference import evaluate_reference
 
 try:
-    mace_module._mace()
+    _mace_torch._mace()
 except ImportError:  # pragma: no cover - mace-torch is an optional dependency
     pytest.skip("mace-torch is not installed", allow_module_level=True)
 
@@ -132,8 +131,8 @@ def mace_forward(
     ``dtype``, the model's)."""
     import ase
 
-    mace_module._mace()
-    with mace_module._quiet_torchscript():
+    _mace_torch._mace()
+    with _mace_torch._quiet_torchscript():
         from mace import data as mace_data
         from mace.tools import torch_geometric
         from mace.tools.utils import AtomicNumberTable
@@ -144,7 +143,7 @@ def mace_forward(
         cell=system.cell,
         pbc=system.pbc,
     )
-    with mace_module._default_dtype(dtype):
+    with _mace_torch._default_dtype(dtype):
         config = mace_data.config_from_atoms(atoms, head_name=head)
         table = AtomicNumberTable([int(z) for z in model.atomic_numbers])
         data = mace_data.AtomicData.from_config(
@@ -212,7 +211,7 @@ def test_other_interaction_blocks(interaction):
 def _options():
     from e3nn import o3
 
-    mm = mace_module._mace()
+    mm = _mace_torch._mace()
     two_heads = {
         "heads": ["pt_head", "Default"],
         "atomic_energies": np.array([[-0.5, -0.7], [-0.4, -0.9]]),
@@ -469,7 +468,7 @@ def test_spec(variant):
 def test_from_checkpoint(scale_shift, tmp_path):
     model, potential = scale_shift
     path = tmp_path / "small.model"
-    with mace_module._quiet_torchscript():  # e3nn's modules pickle through torch.jit.save
+    with _mace_torch._quiet_torchscript():  # e3nn's modules pickle through torch.jit.save
         torch.save(model, path)
     loaded = Mace.from_checkpoint(path)
     assert loaded.config() == potential.config()
@@ -493,7 +492,7 @@ def test_export_from_checkpoint(scale_shift, tmp_path, capsys):
     from nvalchemi_lammps.cli import export
 
     model, potential = scale_shift
-    with mace_module._quiet_torchscript():
+    with _mace_torch._quiet_torchscript():
         torch.save(model, tmp_path / "small.model")
     toml = tmp_path / "mace.toml"
     toml.write_text(
@@ -516,7 +515,7 @@ def test_export_from_checkpoint(scale_shift, tmp_path, capsys):
 def test_import_leaves_environment_alone():
     """mace-torch's import sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 (which would let every
     torch.load unpickle code); the potential puts it back."""
-    mace_module._mace()
+    _mace_torch._mace()
     assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in os.environ
 
 
@@ -578,9 +577,9 @@ def test_tensor_products_split_inputs_once(variant):
     """The network's tensor products split each input once (fewer slices to take back in
     the backward pass) and give what e3nn's generated code gives, to the last bit."""
     _, model, potential = variant
-    with mace_module._quiet_torchscript():
+    with _mace_torch._quiet_torchscript():
         as_generated = copy.deepcopy(potential)
-        as_generated.model = mace_module._inference(copy.deepcopy(model))  # e3nn's code
+        as_generated.model = _mace_torch._inference(copy.deepcopy(model))  # e3nn's code
     assert _split_codes(potential) > 0 and _split_codes(as_generated) == 0
     system = fcc_ar_kr()
     ours, theirs = _reference(potential, system), _reference(as_generated, system)
@@ -592,7 +591,7 @@ def test_tensor_products_split_inputs_once(variant):
 def _tensor_product():
     from e3nn import o3
 
-    with mace_module._quiet_torchscript():
+    with _mace_torch._quiet_torchscript():
         return o3.FullyConnectedTensorProduct(
             "2x0e+2x1o", "1x0e+1x1o", "2x0e+2x1o", shared_weights=False, internal_weights=False
         )
@@ -718,7 +717,7 @@ def test_export_records_the_basis_built(monkeypatch):
     monkeypatch.setattr(wrapper_ops, "CUET_AVAILABLE", False)
     model = random_mace(correlation=3, max_ell=2)
     assert model.use_reduced_cg  # asked for
-    assert mace_module.model_config(model)["use_reduced_cg"] is False  # built
+    assert model_config(model)["use_reduced_cg"] is False  # built
     contraction = model.products[0].symmetric_contractions.contractions[0]
     assert tuple(contraction.U_matrix_3.shape) == (9, 9, 9, 11)  # the full basis
 
@@ -730,7 +729,7 @@ def test_export_records_the_basis_built(monkeypatch):
 
 
 def _cuet_available() -> bool:
-    return mace_module._cueq_available()
+    return _kernels._cueq_available()
 
 
 cueq_only = pytest.mark.skipif(
@@ -747,9 +746,9 @@ def on_cueq(scale_shift) -> tuple[torch.nn.Module, Mace, Mace]:
 
 def _mace_cueq(model: torch.nn.Module, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
     """mace-torch's own conversion of ``model`` to cuEquivariance (on the CPU)."""
-    with mace_module._quiet_torchscript():
+    with _mace_torch._quiet_torchscript():
         copied = copy.deepcopy(model).to(dtype)
-    return mace_module._to_cuequivariance(copied, torch.device("cpu"))
+    return _kernels._to_cuequivariance(copied, torch.device("cpu"))
 
 
 @cueq_only
@@ -801,7 +800,7 @@ def test_model_converted_to_cuequivariance_exports(on_cueq, tmp_path):
     model file as its e3nn original's) and runs on either kernels."""
     model, e3nn, _ = on_cueq
     converted = _mace_cueq(model)
-    assert mace_module._uses_cuequivariance(converted)
+    assert _kernels._uses_cuequivariance(converted)
     potential = Mace.from_model(converted)
     assert potential.config() == {**e3nn.config(), "kernels": "auto"}
     assert potential.kernels == "e3nn"  # auto, on the CPU
@@ -911,7 +910,7 @@ def test_openequivariance_is_refused(scale_shift):
     from types import SimpleNamespace
 
     model, _ = scale_shift
-    with mace_module._quiet_torchscript():
+    with _mace_torch._quiet_torchscript():
         oeq = copy.deepcopy(model)
     oeq.interactions[0].oeq_config = SimpleNamespace(enabled=True)
     message = "this MACE model uses OpenEquivariance kernels, which are not supported"

@@ -33,11 +33,12 @@ The package's modules: :mod:`._mace_torch` (importing mace-torch without its sid
 :mod:`._forward` (the blocks on a LocalGraph, with the ghost exchange).
 """
 
-# besides the public names, helpers that tests and benchmarks use to build mace-torch models
-# themselves and to check a model's kernels
+# _mace (mace-torch, imported once) and _cueq_available stay reachable here for the tests
+# that build mace-torch models themselves
 from ._config import MODEL_CLASSES, READOUT_CLASSES, build_model, model_config
-from ._kernels import KERNELS, _cueq_available, _to_cuequivariance, _uses_cuequivariance  # noqa: F401
-from ._mace_torch import _default_dtype, _inference, _mace, _quiet_torchscript  # noqa: F401
-from ._potential import _DTYPES, Mace  # noqa: F401
+from ._kernels import KERNELS
+from ._kernels import _cueq_available as _cueq_available
+from ._mace_torch import _mace as _mace
+from ._potential import Mace
 
 __all__ = ["KERNELS", "MODEL_CLASSES", "READOUT_CLASSES", "Mace", "build_model", "model_config"]
