@@ -23,7 +23,7 @@ from torch.utils.dlpack import to_dlpack
 
 from nvalchemi_lammps import MessagePassing, save_model
 from nvalchemi_lammps.frontends.kokkos import KokkosStepRecord, check_device, compute
-from nvalchemi_lammps.frontends.plugin import PluginSession
+from nvalchemi_lammps.frontends.session import Session
 from nvalchemi_lammps.reference import evaluate_reference
 
 
@@ -110,7 +110,7 @@ def test_one_rank_equals_reference(case, exchange, tmp_path):
     make_system, make_potential, strategy = CASES[case]
     system = make_system()
     potential = make_potential(system)
-    session = PluginSession(str(save_model(potential, tmp_path / "model.pt")), 1)
+    session = Session(str(save_model(potential, tmp_path / "model.pt")), 1)
     session.set_strategy(strategy)
     graph, positions = _rank_arrays(system, potential.spec.cutoff)
     collectives = OneRank(graph.owner, graph.nlocal)
@@ -158,7 +158,7 @@ def test_model_on_another_device_than_the_arrays_is_an_error(tmp_path):
     said to be on CUDA, arrays on the host): the step stops, naming the keyword that fixes
     it, before anything is read or written."""
     system = fcc_argon_222()
-    session = PluginSession(str(save_model(lennard_jones(system, 6.0), tmp_path / "m.pt")), 1)
+    session = Session(str(save_model(lennard_jones(system, 6.0), tmp_path / "m.pt")), 1)
     session.device = torch.device("cuda", 0)  # where `device cuda` would have put it
     graph, positions = _rank_arrays(system, 6.0)
     record, arrays = _step(graph, positions, None, system.cell)
@@ -166,3 +166,28 @@ def test_model_on_another_device_than_the_arrays_is_an_error(tmp_path):
     with pytest.raises(ValueError, match=re.escape(message) + ".* give device cpu"):
         compute(session, record)
     assert not arrays["forces"].any()
+
+
+def test_non_finite_position_is_named(tmp_path):
+    """An owned atom at a NaN position (in LAMMPS it then drops out of every pair, the pairs
+    here stay finite): the step stops naming the atom by ID. Before: it went on."""
+    system = fcc_argon_222()
+    session = Session(str(save_model(lennard_jones(system, 6.0), tmp_path / "m.pt")), 1)
+    graph, positions = _rank_arrays(system, 6.0)
+    positions[0] = np.nan
+    record, _arrays = _step(graph, positions, OneRank(graph.owner, graph.nlocal), system.cell)
+    message = f"atom {graph.owner[0] + 1} with a non-finite position (NaN or infinite"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        compute(session, record)
+
+
+def test_atoms_on_the_same_spot_are_named(tmp_path):
+    """Atom 2 moved onto atom 1: the report all doors share names both by ID (before, door
+    C said only that energies or forces were not finite on them)."""
+    system = fcc_argon_222()
+    system.positions[1] = system.positions[0]
+    session = Session(str(save_model(lennard_jones(system, 6.0), tmp_path / "m.pt")), 1)
+    graph, positions = _rank_arrays(system, 6.0)
+    record, _arrays = _step(graph, positions, OneRank(graph.owner, graph.nlocal), system.cell)
+    with pytest.raises(ValueError, match=r"atoms [12] and [12] are on the same spot \("):
+        compute(session, record)
