@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import struct
 import warnings
 import zipfile
@@ -280,6 +281,16 @@ def read_record(path: str | os.PathLike) -> object:
         raise ModelFileError(f"model file {path} not found")
     if not path.is_file():  # a device or a pipe: reading it might never end
         raise ModelFileError(f"model file {path} is not a regular file; {EXPORT}")
+    allowed = [(_record_argument, name) for name in (MLIAP_MODEL_GLOBAL, MLIAP_MODEL_GLOBAL_V2)]
+    try:
+        with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notes on pickle protocols, not ours
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except MemoryError:
+        raise
+    except Exception as err:  # noqa: BLE001  (see the docstring)
+        failure = err
+    # what the file is, found only now: a model file that loads pays nothing for it
     try:
         start = head(path)
     except OSError as err:
@@ -290,16 +301,9 @@ def read_record(path: str | os.PathLike) -> object:
             f'nvalchemi-lammps model file; {EXPORT} (potential = "mace" takes a mace-torch '
             "checkpoint)"
         )
-    allowed = [(_record_argument, name) for name in (MLIAP_MODEL_GLOBAL, MLIAP_MODEL_GLOBAL_V2)]
-    try:
-        with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch's notes on pickle protocols, not ours
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except MemoryError:
-        raise
-    except Exception as err:  # noqa: BLE001  (see the docstring)
-        failure = err
-    named = pickled_globals(path)
+    # the weights-only reader refuses a global, or meets a pickle it cannot read, with an
+    # UnpicklingError; only then is there a pickle to name (damaged archives fail otherwise)
+    named = pickled_globals(path) if isinstance(failure, pickle.UnpicklingError) else None
     refused = _refused(path, named or [])
     if refused:
         raise ModelFileError(
@@ -332,7 +336,7 @@ def _refused(path: Path, named: list[tuple[str, str]]) -> list[str]:
     torch); in a bare pickle, every one."""
     ours = {MLIAP_MODEL_GLOBAL, MLIAP_MODEL_GLOBAL_V2}
     named = [(module, name) for module, name in named if f"{module}.{name}" not in ours]
-    if zipfile.is_zipfile(path):
+    if named and zipfile.is_zipfile(path):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
