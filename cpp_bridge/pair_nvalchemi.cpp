@@ -443,17 +443,10 @@ void PairNvalchemi::settings(int narg, char **arg)
     log_traceback(err);
   }
 
-  // A failure on some ranks only must still stop every rank.
-  int failed = message.empty() ? 0 : 1;
-  int nfailed = 0;
-  MPI_Allreduce(&failed, &nfailed, 1, MPI_INT, MPI_SUM, world);
-  if (nfailed == comm->nprocs)
-    error->all(FLERR, "Pair style nvalchemi cannot load model {}: {}", model_path, message);
-  if (failed)
-    abort_one(FLERR, fmt::format("Pair style nvalchemi cannot load model {}: {}", model_path,
-                                 message));
-  if (nfailed) error->all(FLERR, "Pair style nvalchemi: model {} failed to load on {} rank(s)",
-                          model_path, nfailed);
+  stop_where_failed(message.empty() ? message
+                                    : fmt::format("Pair style nvalchemi cannot load model {}: {}",
+                                                  model_path, message),
+                    fmt::format("Pair style nvalchemi: model {} failed to load on", model_path));
   // what changes what is computed, compared across ranks before the model is configured
   const std::string device_used = model_device(device);    // cuda:N differs between ranks
   keywords = {{"strategy", strategy},
@@ -596,12 +589,15 @@ void PairNvalchemi::coeff(int narg, char **arg)
 
   std::vector<std::string> names(arg + 2, arg + narg);
   std::vector<int> mapped;
+  std::string failure;
   try {
     mapped = session->map_types(names);
   } catch (std::exception &err) {
     log_traceback(err);
-    error->all(FLERR, "pair_coeff for pair style nvalchemi: {}", err.what());
+    failure = fmt::format("pair_coeff for pair style nvalchemi: {}", err.what());
   }
+  // the names may differ between ranks (per-rank variables)
+  stop_where_failed(failure, "pair_coeff for pair style nvalchemi failed on");
 
   for (int i = 1; i <= ntypes; i++) map[i] = mapped[i - 1];
   elements.clear();
@@ -807,6 +803,22 @@ double PairNvalchemi::memory_usage()
   bytes += static_cast<double>(maxpair) * (4 * sizeof(bigint) + 7 * sizeof(double));
   return bytes;
 }
+/* ----------------------------------------------------------------------
+   a failure of some ranks only still stops every rank (failure: this rank's
+   message, "" for none): one message when all failed, else each failing
+   rank aborts with its own while the others name how many failed
+------------------------------------------------------------------------- */
+
+void PairNvalchemi::stop_where_failed(const std::string &failure, const std::string &elsewhere)
+{
+  int failed = failure.empty() ? 0 : 1;
+  int nfailed = 0;
+  MPI_Allreduce(&failed, &nfailed, 1, MPI_INT, MPI_SUM, world);
+  if (nfailed == comm->nprocs) error->all(FLERR, failure);
+  if (failed) abort_one(FLERR, failure);
+  if (nfailed) error->all(FLERR, "{} {} rank(s)", elsewhere, nfailed);
+}
+
 /* ----------------------------------------------------------------------
    an error's text led by its Python exception type, once
 ------------------------------------------------------------------------- */

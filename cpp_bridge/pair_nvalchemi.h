@@ -96,6 +96,7 @@ class PairNvalchemi : public Pair {
   void check_same_settings();
   virtual std::vector<std::pair<std::string, std::string>> compared_settings() const;
   void apply_pair_forces(int npairs, bool scalars, const bigint *slot_i, const bigint *slot_j);
+  void stop_where_failed(const std::string &failure, const std::string &elsewhere);
   void log_traceback(const std::exception &err);
   [[noreturn]] void abort_one(const std::string &file, int line, const std::string &message);
   static std::string with_type(const std::exception &err);

@@ -55,39 +55,50 @@ def test_bad_input_is_a_clear_error(case, nprocs, argon_data, models, bad_models
 
 @dataclass(frozen=True)
 class RankSetting:
-    """One setting given otherwise on rank 1 than on rank 0: ``given`` the pair_style
-    keywords and pair_coeff elements of each, ``shown`` the values the error names."""
+    """A setting given otherwise on rank 1 than on rank 0: ``given`` the pair_style keywords
+    and pair_coeff elements of each, ``expected`` the error (``None``: the run goes on)."""
 
-    name: str
+    id: str
     given: tuple[tuple[str, str], tuple[str, str]]
-    shown: tuple[str, str]
+    expected: str | None
     model: str = "argon"  # a key of the ``models`` fixture, or ``message_passing``
+
+
+def _differs(name: str, rank0: str, rank1: str) -> str:
+    return f"the {name} differs between ranks: rank 0 '{rank0}', rank 1 '{rank1}'"
 
 
 RANK_SETTINGS = [
     # before: ran, energies of both maps mixed
-    RankSetting("element map", (("", "Ar Ne"), ("", "Ne Ar")), ("Ar Ne", "Ne Ar"), "argon_neon"),
+    RankSetting(
+        "element_map",
+        (("", "Ar Ne"), ("", "Ne Ar")),
+        _differs("element map", "Ar Ne", "Ne Ar"),
+        "argon_neon",
+    ),
+    # before: hung (a pair_coeff error on rank 1 alone)
+    RankSetting("unknown_element", (("", "Ar"), ("", "Xx")), "element Xx not in model (Ar)"),
     # before: MPICH's "Message truncated" assertion, no LAMMPS error
     RankSetting(
         "strategy",
         (("strategy exchange", "Ar"), ("strategy shell", "Ar")),
-        ("exchange", "shell"),
+        _differs("strategy", "exchange", "shell"),
         "message_passing",
     ),
-    RankSetting("charge", (("charge 0", "Ar"), ("charge 1", "Ar")), ("0", "1")),
-    RankSetting("spin", (("", "Ar"), ("spin 1", "Ar")), ("not given", "1")),
-    RankSetting("task", (("", "Ar"), ("task omol", "Ar")), ("not given", "omol")),
-    RankSetting("compile", (("compile no", "Ar"), ("compile yes", "Ar")), ("no", "default")),
-    # the same values written otherwise are the same settings: the run goes on
-    RankSetting("charge", (("charge 0", "Ar"), ("charge 0.0 compile no", "Ar")), ("0", "0")),
+    RankSetting("charge", (("charge 0", "Ar"), ("charge 1", "Ar")), _differs("charge", "0", "1")),
+    RankSetting("spin", (("", "Ar"), ("spin 1", "Ar")), _differs("spin", "not given", "1")),
+    RankSetting("task", (("", "Ar"), ("task omol", "Ar")), _differs("task", "not given", "omol")),
+    RankSetting(
+        "compile",
+        (("compile no", "Ar"), ("compile yes", "Ar")),
+        _differs("compile", "no", "default"),
+    ),
+    # the same values written otherwise are the same settings
+    RankSetting("same_values", (("charge 0", "Ar"), ("charge 0.0 compile no", "Ar")), None),
 ]
 
 
-@pytest.mark.parametrize(
-    "case",
-    RANK_SETTINGS,
-    ids=lambda c: c.name.replace(" ", "_") + ("_same" if c.shown[0] == c.shown[1] else ""),
-)
+@pytest.mark.parametrize("case", RANK_SETTINGS, ids=lambda c: c.id)
 def test_setting_differing_between_ranks_stops_every_rank(case, argon_data, models, tmp_path):
     """``mpirun -np 1 lmp -var ... : -np 1 lmp -var ...``, one setting that changes what is
     computed given otherwise on rank 1: every rank stops, naming the setting and the ranks
@@ -116,13 +127,10 @@ def test_setting_differing_between_ranks_stops_every_rank(case, argon_data, mode
         cmd += [*separator, "-np", "1", lmp, "-in", "in.mpmd"]
         cmd += ["-var", "keywords", keywords or "strategy auto", "-var", "elements", elements]
     run = run_command(cmd, tmp_path, timeout=TIMEOUT)
-    if case.shown[0] == case.shown[1]:
+    if case.expected is None:
         assert run.returncode == 0, run.output[-3000:]
-        return
-    expected = (
-        f"the {case.name} differs between ranks: rank 0 '{case.shown[0]}', rank 1 '{case.shown[1]}'"
-    )
-    assert_clear_error(BadInput(case.name, (expected,)), run)
+    else:
+        assert_clear_error(BadInput(case.id, (case.expected,)), run)
 
 
 def _processes_in(directory) -> list[int]:
