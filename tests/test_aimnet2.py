@@ -173,6 +173,7 @@ def test_ranks_equal_reference_exchange(potential, nranks, nslabs):
     assert world.calls[0].count("allreduce") == 3 * (passes - 1)
 
 
+@pytest.mark.slow  # about 12 s of CPU
 def test_shell_equals_reference(potential):
     """The widened shell (3 cutoffs, no exchange; the all-reduce stays) on 2 ranks."""
     ref = _reference(potential, SYSTEM, -1.0)
@@ -183,6 +184,7 @@ def test_shell_equals_reference(potential):
     assert "forward_exchange" not in world.calls[0]
 
 
+@pytest.mark.slow  # about 12 s of CPU
 def test_only_receiving_rows_are_computed(potential):
     """Under the exchange the MLPs see the owned rows (and aimnet's dummy) only, not the
     ghosts; under the widened shell, whose ghosts receive pairs, every row."""
@@ -258,6 +260,7 @@ def test_model_file_round_trip(potential32, tmp_path):
     assert a.energy == b.energy and np.array_equal(a.forces, b.forces)
 
 
+@pytest.mark.slow  # about 12 s of CPU
 def test_export_from_toml(tmp_path, capsys):
     config = 'potential = "aimnet2"\nelements = ["H", "C", "N", "O"]\nseed = 0\n'
     loaded = exported(config, tmp_path, "aimnet2")

@@ -14,6 +14,9 @@ from nvalchemi_lammps.contract import Comm, NoOpComm, with_adjoint
 from nvalchemi_lammps.engine import CompiledPotential, compile_potential
 from nvalchemi_lammps.reference import evaluate_reference
 
+# every test compiles (seconds to minutes of CPU each): make check leaves them out
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(autouse=True)
 def fresh_compiler():
