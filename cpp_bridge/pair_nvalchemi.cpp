@@ -94,8 +94,8 @@ PairNvalchemi::PairNvalchemi(LAMMPS *lmp) :
     compiling(false), compiled_before(0),
     exchange_rows(nullptr), exchange_width(0), exchange_offset(0), exchange_count(0), maxatom(0),
     maxpair(0),
-    species(nullptr), owner(nullptr), candidate_i(nullptr), candidate_j(nullptr),
-    exchange_plan(new ExchangePlan(world)), ncandidates(0), topology_ntotal(-1),
+    species(nullptr), owner(nullptr), exchange_plan(new ExchangePlan(world)),
+    candidate_i(nullptr), candidate_j(nullptr), ncandidates(0), topology_ntotal(-1),
     pair_i(nullptr), pair_j(nullptr), rij(nullptr), pair_forces(nullptr), atom_energies(nullptr),
     pair_scalars(nullptr), atom_forces(nullptr)
 {
