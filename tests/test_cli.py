@@ -386,12 +386,31 @@ def test_demo_passes_on_two_ranks(tmp_path, capsys):
     assert (tmp_path / "lj_cut" / "forces_step0.dump").is_file()
 
 
-def test_readme_pipeline_example_exports(tmp_path, capsys):
-    """The pipeline configuration the README shows is one export accepts and checks."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    start = readme.index('potential = "pipeline"')
+#: Where the docs show pipeline configurations.
+PIPELINE_DOCS = ["README.md", "docs/pipelines.md"]
+
+
+def _pipeline_examples() -> list[str]:
+    """The TOML blocks of :data:`PIPELINE_DOCS` that configure a pipeline reading no file
+    (``checkpoint = ...`` needs one this test does not have)."""
+    root = Path(__file__).resolve().parents[1]
+    blocks = [
+        block.split("```", 1)[0]
+        for name in PIPELINE_DOCS
+        if (root / name).is_file()
+        for block in (root / name).read_text().split("```toml\n")[1:]
+    ]
+    reads_a_file = re.compile(r"^\s*checkpoint\s*=", re.MULTILINE)
+    return [b for b in blocks if 'potential = "pipeline"' in b and not reads_a_file.search(b)]
+
+
+def test_docs_pipeline_example_exports(tmp_path, capsys):
+    """A pipeline configuration the docs show (AIMNet2 with random weights, DFT-D3 and PME
+    on AIMNet2's charges) is one export accepts and checks."""
+    examples = _pipeline_examples()
+    assert examples, f"no pipeline example without files in {', '.join(PIPELINE_DOCS)}"
     config = tmp_path / "pipeline.toml"
-    config.write_text(readme[start : readme.index("```", start)])
+    config.write_text(examples[0])
     out = tmp_path / "pipeline.pt"
     assert export_cli.main([str(config), "-o", str(out)]) == 0, capsys.readouterr().out
     assert [t.name for t in load_model(out).terms] == ["aimnet2", "dftd3", "pme"]
