@@ -69,6 +69,7 @@ DOOR_CHECKS = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m, --deselect and --lf take items away
 def pytest_collection_modifyitems(config, items) -> None:
     """``slow`` on every LAMMPS run but the door checks. A door check missing from a whole
     module that was collected is an error, so that ``make check`` never loses one unnoticed."""
