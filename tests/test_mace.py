@@ -186,6 +186,7 @@ def test_equals_mace_forward(variant, system):
     assert np.abs(theirs["forces"]).max() > 1e-3  # forces that could be wrong
 
 
+@pytest.mark.slow  # a model of each block: about 6 s of CPU each
 @pytest.mark.parametrize(
     "interaction",
     [
@@ -243,6 +244,7 @@ def _options():
 OPTIONS = _options()
 
 
+@pytest.mark.slow  # a model of each option set: about 6 s of CPU each
 @pytest.mark.parametrize("case", OPTIONS, ids=list(OPTIONS))
 def test_model_options(case, tmp_path):
     """MACE options round-trip through plain data (``from_model`` checks the rebuilt
