@@ -178,7 +178,7 @@ def build_model(config: BenchConfig, path: Path):
     return potential
 
 
-def save_mace_torch_model(potential, path: Path) -> Path:
+def save_mace_torch_model(potential, path: Path, device: str) -> Path:
     """mace-torch's own ML-IAP class (``LAMMPS_MLIAP_MACE``) on the same network and dtype
     as ``potential`` (a MACE of this package), as ``mace_create_lammps_model --format=mliap``
     writes it without a kernel conversion.
@@ -198,7 +198,18 @@ def save_mace_torch_model(potential, path: Path) -> Path:
         from mace.calculators.lammps_mliap_mace import LAMMPS_MLIAP_MACE
     except ImportError:
         raise ValueError("the mace-torch style needs mace-torch: pip install mace-torch") from None
+    import os
+
     network = copy.deepcopy(network).to(getattr(torch, potential.spec.dtype))
     network.lammps_mliap = True
-    torch.save(LAMMPS_MLIAP_MACE(network), path)
+    # the class reads MACE_ALLOW_CPU when it is made: without it, it refuses a KOKKOS host run
+    before = os.environ.get("MACE_ALLOW_CPU")
+    os.environ["MACE_ALLOW_CPU"] = "true" if device == "cpu" else "false"
+    try:
+        torch.save(LAMMPS_MLIAP_MACE(network), path)
+    finally:
+        if before is None:
+            os.environ.pop("MACE_ALLOW_CPU")
+        else:
+            os.environ["MACE_ALLOW_CPU"] = before
     return path

@@ -246,7 +246,9 @@ def run(args: argparse.Namespace) -> int:
         potential = build_model(config, tmp / "model.pt")
         models = {"nvalchemi": tmp / "model.pt", "mliap": tmp / "model.pt"}
         if any(s.door == "mace-torch" for s in config.styles):
-            models["mace-torch"] = save_mace_torch_model(potential, tmp / "mace_torch.pt")
+            models["mace-torch"] = save_mace_torch_model(
+                potential, tmp / "mace_torch.pt", config.device
+            )
         tolerance = config.tolerance or (1e-10 if potential.spec.dtype == "float64" else 1e-5)
         total, done = len(config.atoms) * len(config.ranks), 0
         for wanted in config.atoms:
