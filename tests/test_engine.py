@@ -262,7 +262,7 @@ class _Seen(torch.autograd.Function):
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_scripted_code_runs_unoptimized_and_the_setting_is_restored():
     """A rank's pair count changes every step: TorchScript's executor would specialize and
-    profile scripted code again and again (docs/performance.md, round 12)."""
+    profile scripted code again and again."""
     potential = SeesExecutor()
     result = evaluate(potential, LocalGraph(*_pair_graph([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]])))
     assert potential.seen == [False, False]  # forward, backward
@@ -273,7 +273,7 @@ def test_scripted_code_runs_unoptimized_and_the_setting_is_restored():
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_optimized_torchscript_when_asked():
     """``optimize_torchscript(True)`` turns the executor on for every later evaluation (the
-    benchmarks' switch, docs/performance.md round 14), and ``False`` off again."""
+    benchmarks' switch), and ``False`` off again."""
     potential = SeesExecutor()
     graph = LocalGraph(*_pair_graph([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]]))
     try:

@@ -103,7 +103,7 @@ def _pair_arrays_growth(source: str) -> str:
 def test_mliap_pair_arrays_still_grow_to_exactly_the_pairs(lammps_source):
     """Why the third edit exists: ML-IAP (KOKKOS) reallocates its per-pair arrays to exactly
     this step's pair count, so a count that keeps growing reallocates them every step (on
-    the H200: 40 ms per step at 97,556 atoms, docs/performance.md round 13)."""
+    an H200: 40 ms per step at 97,556 atoms, measured 2026-12-04)."""
     source = (lammps_source / "src/KOKKOS/mliap_data_kokkos.cpp").read_text()
     growth = _pair_arrays_growth(source)
     assert "nneigh_max = npairs;" in growth

@@ -20,8 +20,8 @@ def optimize_torchscript(on: bool) -> None:
 
     Off by default: the executor profiles a scripted graph and specializes it for its input
     shapes, and a rank's pair count changes every step, so the first steps of a run cost 3x
-    the later ones on an H200 (docs/performance.md, round 12). On, later steps of MACE run
-    12 fewer torch ops per call (round 15; 82 before its tensor products split their
+    the later ones on an H200 (measured 2026-12-04). On, later steps of MACE run
+    12 fewer torch ops per call (82 before its tensor products split their
     inputs once: most of what the executor's own differentiation saved). Off, the scripted
     modules run their operations as written, differentiated by torch's autograd. Set it
     before the first step: a process that ran a scripted graph optimized keeps running it

@@ -203,7 +203,7 @@ class _PairArrays:
     """Watches KOKKOS ML-IAP's per-pair arrays. LAMMPS as released (4 Jul 2026) reallocates
     them, zero-filled on host and device, to exactly the step's pair count whenever it is a
     new maximum: every step while a system's pair count grows, 40 ms per step at 97,556
-    atoms on an H200 (docs/performance.md, round 13). A run pays that silently, so after
+    atoms on an H200 (measured 2026-12-04). A run pays that silently, so after
     :data:`REALLOCATIONS_NOTED` such calls rank 0 says so once. A LAMMPS with
     ``tools/patch_lammps_kokkos.py``'s edit allocates more than the pairs: never counted."""
 
