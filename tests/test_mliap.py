@@ -57,6 +57,7 @@ from nvalchemi_lammps.frontends.mliap import (
     MLIAPModel,
 )
 from nvalchemi_lammps.frontends.plugin import open_session
+from nvalchemi_lammps.frontends.session import opened_sessions
 from nvalchemi_lammps.lammps_run import run_command, write_lammps_data
 from nvalchemi_lammps.reference import evaluate_reference
 
@@ -497,6 +498,20 @@ def test_shell_only_model_is_refused():
     )
     with pytest.raises(ValueError, match=re.escape(message)):
         model.compute_forces(KokkosExchangeData(state, SelfExchange(2, np.array([0, 1, 0]))))
+
+
+def test_the_door_holds_a_session():
+    """The door decides its strategy in a session like the other doors' (``exchange``, not
+    the model's first, ``shell``), found by the timing hook; torch's thread count is left
+    to ML-IAP."""
+    potential = MessagePassing(["Ar"], cutoff=4.0, layers=2)
+    potential.spec = dataclasses.replace(potential.spec, strategies=("shell", "exchange"))
+    torch.set_num_threads(3)
+    model = MLIAPModel.from_potential(potential)
+    assert torch.get_num_threads() == 3
+    assert any(s is model.session for s in opened_sessions())
+    model.compute_forces(KokkosExchangeData(_state(), SelfExchange(2, np.array([0, 1, 0]))))
+    assert (model.session.strategy, model.session.uses_exchange) == ("exchange", True)
 
 
 def test_no_allreduce():

@@ -26,13 +26,14 @@ from .._model_file import (
     model_record,
     potential_from_record,
 )
-from ..contract import AdjointComm, Comm, LocalGraph, Potential, resolve_strategy
-from ..engine import Evaluation, compile_potential, evaluate, potential_device
+from ..contract import AdjointComm, Comm, LocalGraph, Potential
+from ..engine import Evaluation, evaluate, potential_device
 from . import _mpi
 from ._lammps_comm import exchanged_into, gathered, summed_into
 from ._streams import fence
 from ._write_back import nonfinite_report
 from .mliap_settings import COMPILE_ENV, MliapSettings
+from .session import Session
 
 #: ML-IAP lists pairs closer than ``2 * rcutfac``: ``MLIAPDummyDescriptor::init``
 #: (src/ML-IAP/mliap_unified.cpp, and src/KOKKOS/mliap_unified_kokkos.cpp) sets every element
@@ -314,8 +315,10 @@ class MLIAPModel(MLIAPUnified):
         super().__init__(
             None, list(spec.elements), NDESCRIPTORS, NPARAMS, RCUTFAC_PER_CUTOFF * spec.cutoff
         )
-        self.potential = potential
-        #: what runs each step: ``potential``, or it under torch.compile (:data:`COMPILE_ENV`)
+        self.potential = potential  # as given: what pickles
+        #: the strategy, the compile mode and the timing hook (:func:`.session.opened_sessions`)
+        self.session = Session.from_potential(potential)
+        #: what runs each step: the session's potential once its compile mode is set
         self._runner: Potential | None = None
         self._in_flight: torch.Tensor | None = None
         self._evaluations = 0  # compute_forces calls, for the messages
@@ -387,19 +390,17 @@ class MLIAPModel(MLIAPUnified):
         """The potential under ``torch.compile`` in the mode :data:`COMPILE_ENV` names, on
         padded graphs as ``pair_style nvalchemi ... compile MODE`` runs it, or as it is."""
         mode = self._settings.compile
-        if mode == "no":
-            return self.potential
         try:
-            runner = compile_potential(self.potential, mode)
+            self.session.set_compile(mode)
         except ValueError as refused:
             raise ValueError(f"{COMPILE_ENV}={mode}: {refused}") from None
-        if _mpi.rank() == 0:
+        if mode != "no" and _mpi.rank() == 0:
             print(
                 f"nvalchemi-lammps: ML-IAP runs {self.potential.name} under torch.compile "
                 f"({mode}) on padded graphs ({COMPILE_ENV})",
                 flush=True,
             )
-        return runner
+        return self.session.potential
 
     def _non_finite(self, result: Evaluation, graph: LocalGraph) -> str:
         """What to say about a non-finite result (only then computed), in the words of
@@ -414,10 +415,26 @@ class MLIAPModel(MLIAPUnified):
         return nonfinite_report(model, result, rows, graph.pair_i, graph.pair_j, graph.rij, None)
 
     def _comm(self, data: Any) -> MliapComm:
-        """The exchanges a message-passing model needs, or a clear stop. Decided from the
-        model and the LAMMPS build alone, so that every rank stops at the same call; the
-        strategy by the contract's one rule (:func:`~nvalchemi_lammps.contract.
-        resolve_strategy`), asked for ``exchange``: ML-IAP has no widened shell."""
+        """The exchanges a message-passing model needs, or a clear stop, decided at the first
+        call from the model and the LAMMPS build alone (the same for the whole run), so that
+        every rank stops at the same call."""
+        if self._gather is None:
+            self._set_strategy(data)
+            # the rank count and settings hold for the whole run
+            self._gather = _mpi.size() == 1 and self._settings.exchange == "gather"
+            if self.session.uses_exchange and _mpi.rank() == 0:
+                how = (
+                    "gathered from the atoms they image (one rank)"
+                    if self._gather
+                    else "through ML-IAP's exchanges"
+                )
+                print(f"nvalchemi-lammps: ghost features {how}", flush=True)
+        exchange = self.session.uses_exchange
+        return MliapComm(data, exchange, exchange and self._gather)
+
+    def _set_strategy(self, data: Any) -> None:
+        """The session's strategy, asked for ``exchange``: ML-IAP has no widened shell (a
+        one-layer model runs ``local``)."""
         spec, name = self.potential.spec, self.potential.name
         if spec.needs_positions:
             raise ValueError(
@@ -425,27 +442,17 @@ class MLIAPModel(MLIAPUnified):
                 "cell), which ML-IAP does not hand to a model: run it with pair_style nvalchemi"
             )
         try:
-            strategy = resolve_strategy(spec, "exchange", name)
+            self.session.set_strategy("exchange")
         except ValueError as refused:
             raise ValueError(
                 f"the {name} model reaches past its ghost atoms only through the widened shell, "
                 "which ML-IAP cannot give (no ghost neighbor lists since LAMMPS PR #4532): "
                 "run it with pair_style nvalchemi"
             ) from refused
-        if strategy.exchange and not hasattr(data, "forward_exchange"):
+        if self.session.uses_exchange and not hasattr(data, "forward_exchange"):
             raise RuntimeError(
                 f"the {name} model passes messages over {spec.layers} layers and needs every "
                 "ghost atom's features from its owner after each layer, which this LAMMPS's "
                 f"ML-IAP cannot exchange: it needs {EXCHANGE_BUILD}; or run the model with "
                 "pair_style nvalchemi"
             )
-        if self._gather is None:  # the rank count and settings hold for the whole run
-            self._gather = _mpi.size() == 1 and self._settings.exchange == "gather"
-            if strategy.exchange and _mpi.rank() == 0:
-                how = (
-                    "gathered from the atoms they image (one rank)"
-                    if self._gather
-                    else "through ML-IAP's exchanges"
-                )
-                print(f"nvalchemi-lammps: ghost features {how}", flush=True)
-        return MliapComm(data, strategy.exchange, strategy.exchange and self._gather)

@@ -27,8 +27,8 @@ import torch
 from .._elements import map_elements
 from .._model_file import ModelFileWarning, open_model
 from .._torch_blas import blas_library
-from ..contract import REPORT_ENV, resolve_strategy
-from ..engine import CompiledPotential, compile_potential, takes_half_pairs
+from ..contract import REPORT_ENV, Potential, resolve_strategy
+from ..engine import CompiledPotential, compile_potential, potential_device, takes_half_pairs
 
 __all__ = ["Phases", "Session", "Staging", "opened_sessions", "select_device"]
 
@@ -45,15 +45,34 @@ class Session:
     def __init__(
         self, path: str, num_threads: int, device: str = "cpu", local_rank: int = 0
     ) -> None:
-        self.path = str(path)
-        self.device = select_device(device, local_rank)
+        target = select_device(device, local_rank)
         with warnings.catch_warnings():
             # a file without digest: the pair style says so once, on rank 0
             warnings.simplefilter("ignore", ModelFileWarning)
             loaded = open_model(path)
-        self.potential = loaded.potential.to(self.device)
+        self._hold(loaded.potential.to(target), str(path), target)
         # what the ranks compare at init: the same model everywhere
         self.digest, self.digest_verified = loaded.digest, loaded.verified
+        # LAMMPS's own thread count per rank (OMP_NUM_THREADS / -pk omp); torch's default
+        # of one thread per core oversubscribes the cores shared by several ranks.
+        torch.set_num_threads(max(1, num_threads))
+
+    @classmethod
+    def from_potential(cls, potential: Potential) -> Session:
+        """A session for a potential already in hand (``pair_style mliap unified``: LAMMPS
+        unpickled it), on the potential's device; torch's thread count and the device are
+        left to whoever made it (ML-IAP)."""
+        session = cls.__new__(cls)
+        session._hold(potential, "", potential_device(potential))
+        session.digest, session.digest_verified = None, False  # no file read
+        return session
+
+    def _hold(self, potential: Potential, path: str, device: torch.device) -> None:
+        """What every session holds: ``potential`` on ``device``, its strategy (``auto``
+        until the pair style asks), no system state, no timings; registered."""
+        self.path = path
+        self.potential = potential
+        self.device = device
         spec = self.potential.spec
         self.units = spec.units
         self.elements = list(spec.elements)
@@ -71,9 +90,6 @@ class Session:
         #: (``collectives``, part of ``model``), added up while a benchmark sets a dict here:
         #: the public timing hook (:func:`opened_sessions` finds the session).
         self.timings: dict[str, float] | None = None
-        # LAMMPS's own thread count per rank (OMP_NUM_THREADS / -pk omp); torch's default
-        # of one thread per core oversubscribes the cores shared by several ranks.
-        torch.set_num_threads(max(1, num_threads))
         _OPENED.append(weakref.ref(self))
 
     def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
