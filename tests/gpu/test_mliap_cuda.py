@@ -358,6 +358,11 @@ def _cases() -> list[tuple[str, object, bool, float]]:
 @pytest.mark.parametrize("case", ["lj", "message_passing", "lj_float32", "mace"])
 def test_mliap_door_on_the_gpu(cuda, case, tmp_path):
     cp = pytest.importorskip("cupy", reason="cupy is not importable (pip install cupy-cuda12x)")
+    pytest.importorskip(
+        "lammps.mliap",
+        reason="LAMMPS's Python module is not importable (NVALCHEMI_LAMMPS_KOKKOS_CUDA=PREFIX "
+        "puts PREFIX/python on the path)",
+    )
     if case == "mace":
         pytest.importorskip("mace", reason="mace-torch is not importable")
         name, potential, exchange, tol = "mace", _mace_potential(), True, 1e-12
