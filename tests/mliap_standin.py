@@ -70,12 +70,8 @@ class RankArrays:
 
 
 def _scatter_add(xp: Any, target, index, values) -> None:
-    if xp is np:
-        np.add.at(target, index, values)
-    else:  # cupy
-        import cupyx
-
-        cupyx.scatter_add(target, index, values)
+    # numpy's and CuPy's ufunc ``at`` (CuPy 14 deprecates cupyx.scatter_add for it)
+    xp.add.at(target, index, values)
 
 
 class PairState:
