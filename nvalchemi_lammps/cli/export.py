@@ -99,7 +99,14 @@ def check_model_file(potential: Potential, path: Path) -> None:
             "charges": 1.0 - 2.0 * (torch.arange(count, dtype=torch.float64) % 2),
         }
     graph = LocalGraph(count, species, pair_i, pair_j, rij, **system)
-    a, b = evaluate(potential, graph), evaluate(reloaded, graph)
+    # one thread: the BLAS may otherwise split a product by how busy the machine is, and a
+    # different split rounds differently (the two models must agree bit for bit)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = evaluate(potential, graph), evaluate(reloaded, graph)
+    finally:
+        torch.set_num_threads(threads)
     outputs = ["atom_energies", "pair_forces"] + (["atom_forces"] if spec.needs_positions else [])
     cluster = f"a line of {count} atoms of {', '.join(spec.elements)}, 0.3 cutoff apart"
     for name in outputs:
