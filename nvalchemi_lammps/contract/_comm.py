@@ -41,6 +41,16 @@ class Comm:
     #: ghost rows are computed locally (the widened shell) or there are none.
     exchange: bool = False
 
+    #: this is the only rank: :meth:`allreduce` is the identity
+    one_rank: bool = False
+
+    def local_owners(self, device: torch.device) -> torch.Tensor | None:
+        """``(ntotal,)`` int64 on ``device``: the row each row's forward exchange copies,
+        when every ghost's owner is on this rank (one rank); the exchanges are then a
+        gather and a sum on the device, which a CUDA graph can hold. ``None`` (the default):
+        they cross ranks, or the front door exchanges otherwise."""
+        return None
+
     def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
         """Return a copy of ``src`` (rows = owned + ghost atoms) whose ghost rows hold their
         owners' rows."""
@@ -97,6 +107,8 @@ class AdjointComm(Comm):
 class NoOpComm(AdjointComm):
     """A single process whose graph has no ghost atoms: every collective is the identity
     (``exchange`` is ``False``)."""
+
+    one_rank = True
 
     def allreduce(self, x: torch.Tensor) -> torch.Tensor:
         return x

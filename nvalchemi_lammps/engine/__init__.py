@@ -1,5 +1,6 @@
 """The engine: the one place where a front door's arrays meet a potential."""
 
+from ._captured import CapturedPotential, capture_potential
 from ._compiled import CompiledPotential, compile_potential
 from ._evaluate import (
     Evaluation,
@@ -10,8 +11,10 @@ from ._evaluate import (
 )
 
 __all__ = [
+    "CapturedPotential",
     "CompiledPotential",
     "Evaluation",
+    "capture_potential",
     "compile_potential",
     "evaluate",
     "optimize_torchscript",

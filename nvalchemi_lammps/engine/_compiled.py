@@ -1,17 +1,7 @@
-"""A potential under ``torch.compile`` on graphs padded to fixed shapes.
+"""A potential under ``torch.compile`` on graphs padded to fixed shapes (:mod:`._padding`).
 
-A compiled graph is specialized to its input shapes, and an MD run changes them all the
-time: each rank's ghost count and pair count move a little with every neighbor-list build.
-Here every graph is padded to capacities with headroom, of owned rows, of ghost rows and of
-pairs, so the shapes stay the same from step to step and the potential compiles once. The
-padded rows are the owned ones, owned padding up to the owned capacity, the ghosts, ghost
-padding: the owned rows stay a leading slice of a fixed length, so a potential computes
-energies, and with the exchange strategy every layer's features, on those rows only, as it
-does eagerly, instead of on every row. Padding atoms have species -1; padding pairs join
-the first owned padding atom to itself with a pair vector twice the cutoff long. A
-potential that can be compiled this way (:meth:`Potential.prepare_compile
-<nvalchemi_lammps.potentials.Potential.prepare_compile>`) gives such atoms and pairs zero
-energy and zero gradient, so padding changes nothing but the shapes. When a graph outgrows a
+A compiled graph is specialized to its input shapes: padded to capacities, the shapes stay
+the same from step to step and the potential compiles once. When a graph outgrows a
 capacity, the capacity grows by the headroom and the potential compiles again;
 :attr:`CompiledPotential.compilations` counts every graph compiled.
 
@@ -24,8 +14,6 @@ calls the same collectives.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import warnings
 from typing import Any
 
@@ -33,6 +21,7 @@ import torch
 from torch.fx.node import has_side_effect
 
 from ..contract import Comm, LocalGraph, Potential
+from ._padding import Capacities, padded, unpadded
 
 #: ``torch.compile`` modes a pair style may ask for (``pair_style nvalchemi ... compile M``)
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -122,22 +111,6 @@ def _check_mode(mode: str) -> None:
         )
 
 
-def _capacity(count: int, headroom: float) -> int:
-    # a multiple of 64 rows above count + headroom (at least one padding row)
-    return 64 * math.ceil((count * (1.0 + headroom) + 1) / 64)
-
-
-def _laid_out(t: torch.Tensor, nlocal: int, owned: int, rows: int, fill: float) -> torch.Tensor:
-    """Per-atom rows padded: owned rows, ``fill`` up to ``owned``, ghost rows, ``fill`` up to
-    ``rows``."""
-    ghosts = t.shape[0] - nlocal
-
-    def pad(n: int) -> torch.Tensor:
-        return t.new_full((n, *t.shape[1:]), fill)
-
-    return torch.cat((t[:nlocal], pad(owned - nlocal), t[nlocal:], pad(rows - owned - ghosts)))
-
-
 class CompiledPotential(Potential):
     """``potential`` compiled once for padded graphs; a drop-in for it in :func:`evaluate`.
 
@@ -156,10 +129,7 @@ class CompiledPotential(Potential):
         self.system_state = potential.system_state
         self.periodicity = potential.periodicity
         self.mode = mode
-        self.headroom = float(headroom)
-        self.owned_capacity = 0
-        self.ghost_capacity = 0
-        self.pair_capacity = 0
+        self.capacities = Capacities(float(headroom))
         #: graphs compiled so far (forward graphs; each brings its backward)
         self.compilations = 0
         self._comm = _TracedComm()
@@ -192,46 +162,18 @@ class CompiledPotential(Potential):
 
     @property
     def atom_capacity(self) -> int:
-        """Rows of the padded graphs: the owned capacity plus the ghost capacity."""
-        return self.owned_capacity + self.ghost_capacity
+        """Rows of the padded graphs."""
+        return self.capacities.atoms
+
+    @property
+    def pair_capacity(self) -> int:
+        """Pairs of the padded graphs."""
+        return self.capacities.pairs
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:
-        nlocal, nghost, npairs = graph.nlocal, graph.ntotal - graph.nlocal, graph.npairs
-        # at least one owned padding row: the padding pairs' atom
-        if nlocal >= self.owned_capacity:
-            self.owned_capacity = _capacity(nlocal, self.headroom)
-        if nghost > self.ghost_capacity:
-            self.ghost_capacity = _capacity(nghost, self.headroom)
-        # and at least one padding pair, also on a rank without pairs: every rank's compiled
-        # graph then reads the rows that it exchanges, and none drops an exchange (whose
-        # result nothing would read) that the other ranks wait for
-        if npairs >= self.pair_capacity:
-            self.pair_capacity = _capacity(npairs, self.headroom)
-        owned, atoms, pairs = self.owned_capacity, self.atom_capacity, self.pair_capacity
-        shift = owned - nlocal
-        padding = graph.pair_i.new_full((pairs - npairs,), nlocal)
-
-        def placed(index: torch.Tensor) -> torch.Tensor:
-            moved = index + shift * (index >= nlocal) if nghost else index  # ghosts' rows
-            return torch.cat((moved, padding))
-
-        def rows(t: torch.Tensor | None, fill: float) -> torch.Tensor | None:
-            return None if t is None else _laid_out(t, nlocal, owned, atoms, fill)
-
-        far = graph.rij.new_zeros(pairs - npairs, 3)
-        far[:, 0] = 2.0 * self.spec.cutoff + 1.0
+        self.capacities.fit(graph)
         self._comm.exchange = graph.comm.exchange  # the potential's plan of rows reads it
-        padded = dataclasses.replace(
-            graph,
-            nlocal=owned,
-            species=rows(graph.species, -1),
-            pair_i=placed(graph.pair_i),
-            pair_j=placed(graph.pair_j),
-            rij=torch.cat((graph.rij, far)),
-            comm=self._comm,
-            positions=rows(graph.positions, 0),
-            charges=rows(graph.charges, 0),
-        )
+        nlocal, nghost, owned = graph.nlocal, graph.ntotal - graph.nlocal, self.capacities.owned
         _Active.comm, _Active.nlocal, _Active.owned, _Active.nghost = (
             graph.comm,
             nlocal,
@@ -248,8 +190,8 @@ class CompiledPotential(Potential):
                 "ignore", message=r".*should not be instantiated", category=DeprecationWarning
             )
             # the compiled code guards only on what the potential reads of the graph
-            energies = self._compiled(padded)
-        return torch.cat((energies[:nlocal], energies[owned : owned + nghost]))
+            energies = self._compiled(padded(graph, self.capacities, self.spec.cutoff, self._comm))
+        return unpadded(energies, nlocal, nghost, owned)
 
     def _energies(self, graph: LocalGraph) -> torch.Tensor:
         return self.inner(graph)

@@ -125,10 +125,15 @@ class PlanComm(AdjointComm):
         self.exchange = exchange
         self.plan = plan
         self.buffer = buffer
+        self.one_rank = plan is not None and not plan.remote
         if timings is not None:  # both directions: each is the other's adjoint
             self._forward, self._reverse, self._sum = (
                 _clocked(op, timings) for op in (self._forward, self._reverse, self._sum)
             )
+
+    def local_owners(self, device: torch.device) -> torch.Tensor | None:
+        plan = self.plan
+        return plan.gather.to(device) if plan is not None and not plan.remote else None
 
     def _forward(self, src: torch.Tensor) -> torch.Tensor:
         plan = self.plan

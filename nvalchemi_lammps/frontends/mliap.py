@@ -150,6 +150,9 @@ class MliapComm(AdjointComm):
         self.gather = gather
         self._owners: torch.Tensor | None = None
 
+    def local_owners(self, device: torch.device) -> torch.Tensor | None:
+        return self.owners(device)
+
     def owners(self, device: torch.device) -> torch.Tensor | None:
         """Each row's owned row (itself for an owned row) when gathering, else ``None``."""
         if not self.gather:

@@ -28,7 +28,14 @@ from .._elements import map_elements
 from .._model_file import ModelFileWarning, open_model
 from .._torch_blas import blas_library
 from ..contract import REPORT_ENV, Potential, resolve_strategy
-from ..engine import CompiledPotential, compile_potential, potential_device, takes_half_pairs
+from ..engine import (
+    CapturedPotential,
+    CompiledPotential,
+    capture_potential,
+    compile_potential,
+    potential_device,
+    takes_half_pairs,
+)
 
 __all__ = ["Phases", "Session", "Staging", "opened_sessions", "select_device"]
 
@@ -151,20 +158,70 @@ class Session:
             f"; eager: {', '.join(eager)}" if eager else ""
         )
 
+    def set_capture(self, mode: str) -> str:
+        """Capture the model's forward and backward as CUDA graphs on graphs padded to
+        capacities, replayed every step (``pair_style ... capture yes|no``; ``auto``, the
+        default: on a GPU, unless ``compile`` is given). Returns what runs captured, for
+        LAMMPS's log ("" when nothing is worth saying: ``auto`` on the CPU).
+
+        ``yes`` on the CPU runs the same padded buffers without graphs (what the tests of
+        the capture logic run).
+
+        :raises ValueError: an unknown mode; ``yes`` with ``compile`` (whose
+            ``reduce-overhead`` captures graphs of its own) or for a model that cannot run
+            on padded graphs
+        """
+        if mode not in ("auto", "yes", "no"):
+            raise ValueError(f"capture must be yes, no or auto; got '{mode}'")
+        compiling = bool(self._compiled())
+        if mode == "yes" and compiling:
+            raise ValueError(
+                "capture yes and compile exclude each other: compile reduce-overhead captures "
+                "CUDA graphs of its own"
+            )
+        gpu = self.device.type == "cuda"
+        if mode == "no" or compiling or (mode == "auto" and not gpu):
+            return "CUDA graphs: off (capture no)" if mode == "no" and gpu else ""
+        try:
+            self.potential = capture_potential(self.potential)
+        except ValueError as cannot:
+            if mode == "yes":
+                raise ValueError(f"capture yes: {cannot}") from cannot
+            return f"CUDA graphs: off, {cannot}"
+        captured = ", ".join(m.name for m in self._captured())
+        eager = [t.name for t in self.potential.parts() if not isinstance(t, CapturedPotential)]
+        how = "CUDA graphs" if gpu else "capture on the CPU (padded buffers, no graphs)"
+        return f"{how}: {captured}, padded to capacities that grow by 20% when outgrown" + (
+            f"; eager: {', '.join(eager)}" if eager else ""
+        )
+
     def compile_status(self) -> tuple[int, int, int]:
-        """Graphs compiled so far (-1 when not compiling), the atom capacity graphs are
-        padded to and the pair capacity (summed over a pipeline's compiled terms)."""
-        compiled = self._compiled()
-        if not compiled:
+        """Graphs compiled (``torch.compile``) or captured (CUDA graphs) so far, -1 when
+        neither; the atom capacity graphs are padded to and the pair capacity (summed over a
+        pipeline's terms)."""
+        padded = self._compiled() or self._captured()
+        if not padded:
             return -1, 0, 0
         return (
-            sum(m.compilations for m in compiled),
-            max(m.atom_capacity for m in compiled),
-            sum(m.pair_capacity for m in compiled),
+            sum(getattr(m, "compilations", 0) + getattr(m, "captures", 0) for m in padded),
+            max(m.atom_capacity for m in padded),
+            sum(m.pair_capacity for m in padded),
+        )
+
+    def eager_after_all(self) -> str:
+        """Why captured terms run eagerly after all (decided at their first step, the same
+        on every rank), "" when none does: for the log at the end of a run."""
+        return "; ".join(
+            f"{m.name} runs eagerly: {m.eager_reason}"
+            for m in self._captured()
+            if m.eager_reason is not None
         )
 
     def _compiled(self) -> list[CompiledPotential]:
         return [m for m in self.potential.modules() if isinstance(m, CompiledPotential)]
+
+    def _captured(self) -> list[CapturedPotential]:
+        return [m for m in self.potential.modules() if isinstance(m, CapturedPotential)]
 
     @property
     def half_pairs(self) -> bool:

@@ -1,0 +1,299 @@
+"""A potential's forward and backward captured as CUDA graphs on padded graphs, replayed
+every step.
+
+At the sizes most MD runs at (tens to tens of thousands of atoms per GPU) a model's step is
+paced by kernel launches, not by the GPU: hundreds of small kernels, each launched from
+Python. Captured once into a CUDA graph, they replay in one launch. A graph holds fixed
+addresses and shapes, so each rank's graph is padded to capacities (:mod:`._padding`) and
+copied into static buffers every step; the potential is captured again only when a
+neighbor-list build outgrows a capacity (they grow geometrically: a bounded number of
+captures per run, :attr:`CapturedPotential.captures`).
+
+The forward and the backward are two graphs over one memory pool, replayed by an autograd
+function (as ``torch.cuda.make_graphed_callables`` does), so the engine differentiates a
+captured potential as any other. Ghost exchanges on one rank are a gather and a sum by owned
+row on the device, inside the graphs; exchanges or sums across ranks call MPI from the host
+and cannot be: a potential that needs them there runs eagerly
+(:attr:`CapturedPotential.eager_reason` says why, decided at the first step, the same on
+every rank).
+
+Without CUDA (the CPU, the tests) the same padded buffers are "replayed" by running the
+potential on them again: everything but the graphs themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..contract import AdjointComm, LocalGraph, Potential
+from ._padding import Capacities, padded, padded_owner_rows, unpadded
+
+#: warm-up runs before a capture: lazy initialization (cuBLAS handles, kernel autotuning,
+#: TorchScript's profiling runs) must happen outside the graph
+WARMUP = 3
+
+
+class NotCapturable(RuntimeError):
+    """The potential cannot run inside a CUDA graph here (it needs MPI mid-step)."""
+
+
+class _StaticComm(AdjointComm):
+    """``graph.comm`` inside the graphs: exchanges by owned row through the static
+    ``owners`` (padded layout, one rank), sums over ranks the identity on one rank."""
+
+    def __init__(self, exchange: bool, owners: torch.Tensor | None, one_rank: bool) -> None:
+        self.exchange = exchange
+        self.owners = owners
+        self.one_rank = one_rank
+
+    def _forward(self, src: torch.Tensor) -> torch.Tensor:
+        return src.index_select(0, self.owners)
+
+    def _reverse(self, src: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(src).index_add_(0, self.owners, src)
+
+    def _sum(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.one_rank:
+            raise NotCapturable("it sums over ranks (MPI) inside its forward")
+        return x
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        return self._sum(x)
+
+
+@dataclasses.dataclass
+class _Key:
+    """What a capture is specialized to besides the capacities."""
+
+    dtype: torch.dtype
+    exchange: bool
+    one_rank: bool
+    positions: bool
+    charges: bool
+    pbc: tuple[bool, bool, bool] | None
+    state: tuple[Any, ...]
+
+
+class _Graphs:
+    """The forward and backward of ``run`` on static inputs: captured as CUDA graphs on a
+    GPU, run again at each replay elsewhere. ``run()`` returns the energies; ``leaves`` are
+    the static inputs it is differentiated for."""
+
+    def __init__(self, run: Callable[[], torch.Tensor], leaves: list[torch.Tensor]) -> None:
+        self.run, self.leaves = run, leaves
+        self.cuda = leaves[0].is_cuda
+        self.energies: torch.Tensor | None = None
+        self.grad_out: torch.Tensor | None = None
+        self.grads: list[torch.Tensor] = []
+        self._capture()
+
+    def _gradients(self, energies: torch.Tensor, grad_out: torch.Tensor) -> list[torch.Tensor]:
+        with torch.autograd.set_multithreading_enabled(False):
+            grads = torch.autograd.grad(energies, self.leaves, grad_out, allow_unused=True)
+        return [torch.zeros_like(t) if g is None else g for t, g in zip(self.leaves, grads)]
+
+    @torch.enable_grad()
+    def _capture(self) -> None:
+        if not self.cuda:  # a warm-up only: what cannot be captured stops here, as on a GPU
+            energies = self.run()
+            self._gradients(energies, torch.ones_like(energies))
+            return
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(WARMUP):
+                energies = self.run()
+                self._gradients(energies, torch.ones_like(energies))
+        torch.cuda.current_stream().wait_stream(stream)
+        self.pool = torch.cuda.graph_pool_handle()
+        self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.forward_graph, pool=self.pool):
+            self.energies = self.run()
+        self.grad_out = torch.empty_like(self.energies)
+        with torch.cuda.graph(self.backward_graph, pool=self.pool):
+            self.grads = self._gradients(self.energies, self.grad_out)
+
+    def forward(self) -> torch.Tensor:
+        if self.cuda:
+            self.forward_graph.replay()
+        else:
+            with torch.enable_grad():  # called from an autograd function's forward
+                self.energies = self.run()
+        return self.energies
+
+    def backward(self, grad_out: torch.Tensor) -> list[torch.Tensor]:
+        if self.cuda:
+            self.grad_out.copy_(grad_out)
+            self.backward_graph.replay()
+            return self.grads
+        return self._gradients(self.energies, grad_out)
+
+
+class _Replay(torch.autograd.Function):
+    """The graphs as an autograd function of the padded differentiable inputs."""
+
+    @staticmethod
+    def forward(ctx: Any, graphs: _Graphs, *inputs: torch.Tensor) -> torch.Tensor:
+        for static, given in zip(graphs.leaves, inputs):
+            static.copy_(given)
+        ctx.graphs = graphs
+        return graphs.forward().clone()  # the next replay overwrites its output
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return (None, *(g.clone() for g in ctx.graphs.backward(grad_out)))
+
+
+class CapturedPotential(Potential):
+    """``potential`` (ready for padded graphs: :meth:`~Potential.prepare_compile`) captured
+    as CUDA graphs, a drop-in for it in :func:`evaluate`.
+
+    :param potential: a potential whose :meth:`~Potential.prepare_compile` succeeds
+    :param headroom: capacities are the first graph's sizes times ``1 + headroom``, and grow
+        the same way when a graph outgrows them
+    """
+
+    def __init__(self, potential: Potential, headroom: float = 0.2) -> None:
+        super().__init__()
+        self.inner = potential.prepare_compile()
+        self.name = potential.name
+        self.spec = potential.spec
+        self.system_state = potential.system_state
+        self.periodicity = potential.periodicity
+        self.capacities = Capacities(float(headroom))
+        #: captures so far (one forward and one backward graph each)
+        self.captures = 0
+        #: why this potential runs eagerly after all (``None`` while it is captured)
+        self.eager_reason: str | None = None
+        self._graphs: _Graphs | None = None
+        self._key: _Key | None = None
+        self._static: dict[str, Any] = {}
+
+    def config(self) -> dict[str, Any]:
+        return self.inner.config()
+
+    def check_system_state(self, spin: int | None, task: str | None) -> None:
+        self.inner.check_system_state(spin, task)
+
+    def check_box(self, pbc: tuple[bool, bool, bool]) -> None:
+        self.inner.check_box(pbc)
+
+    @property
+    def atom_capacity(self) -> int:
+        """Rows of the padded graphs."""
+        return self.capacities.atoms
+
+    @property
+    def pair_capacity(self) -> int:
+        """Pairs of the padded graphs."""
+        return self.capacities.pairs
+
+    def forward(self, graph: LocalGraph) -> torch.Tensor:
+        if self.eager_reason is None:
+            try:
+                return self._replayed(graph)
+            except NotCapturable as reason:
+                # the same on every rank (the rank count and the potential decide it), so
+                # every rank calls the same collectives from here on
+                self.eager_reason = str(reason)
+                self._graphs = None
+                self._static = {}
+        return self.inner(graph)
+
+    def _replayed(self, graph: LocalGraph) -> torch.Tensor:
+        comm = graph.comm
+        owners = comm.local_owners(graph.rij.device) if comm.exchange else None
+        if comm.exchange and owners is None:
+            raise NotCapturable("its ghost features are exchanged between ranks every layer")
+        key = _Key(
+            graph.rij.dtype,
+            comm.exchange,
+            comm.one_rank,
+            graph.positions is not None,
+            graph.charges is not None,
+            graph.pbc,
+            (graph.total_charge, graph.spin, graph.task),
+        )
+        grown = self.capacities.fit(graph)
+        static = _StaticComm(comm.exchange, None, comm.one_rank)
+        layout = padded(graph, self.capacities, self.spec.cutoff, static)
+        if owners is not None:
+            static.owners = padded_owner_rows(owners, graph.nlocal, self.capacities)
+        if grown or key != self._key or self._graphs is None:
+            self._capture(layout)
+            self._key = key
+        else:
+            self._load(layout)
+        nlocal, nghost = graph.nlocal, graph.ntotal - graph.nlocal
+        differentiable = [layout.rij]
+        if layout.positions is not None:
+            differentiable += [layout.positions, layout.cell]
+        energies = _Replay.apply(self._graphs, *differentiable)
+        return unpadded(energies, nlocal, nghost, self.capacities.owned)
+
+    def _load(self, layout: LocalGraph) -> None:
+        """The step's padded inputs into the static buffers (the differentiable ones: by
+        :class:`_Replay`)."""
+        static = self._static
+        for name in ("species", "pair_i", "pair_j", "charges"):
+            if static[name] is not None:
+                static[name].copy_(getattr(layout, name))
+        if static["owners"] is not None:
+            static["owners"].copy_(layout.comm.owners)
+
+    def _capture(self, layout: LocalGraph) -> None:
+        """Static buffers shaped like ``layout`` (holding its values) and the graphs of the
+        potential on them."""
+        self._graphs = None  # the old graphs' memory goes back before the new capture
+        self._static = {}
+
+        def held(t: torch.Tensor | None, grad: bool = False) -> torch.Tensor | None:
+            if t is None:
+                return None
+            return t.detach().clone().requires_grad_(grad)
+
+        static = {
+            "species": held(layout.species),
+            "pair_i": held(layout.pair_i),
+            "pair_j": held(layout.pair_j),
+            "charges": held(layout.charges),
+            "owners": held(layout.comm.owners),
+        }
+        rij = held(layout.rij, True)
+        positions = held(layout.positions, True)
+        cell = held(layout.cell, positions is not None)
+        leaves = [rij] if positions is None else [rij, positions, cell]
+        comm = _StaticComm(layout.comm.exchange, static["owners"], layout.comm.one_rank)
+        inputs = dataclasses.replace(
+            layout,
+            species=static["species"],
+            pair_i=static["pair_i"],
+            pair_j=static["pair_j"],
+            rij=rij,
+            comm=comm,
+            positions=positions,
+            cell=cell,
+            charges=static["charges"],
+        )
+        self._static = static
+        try:
+            self._graphs = _Graphs(lambda: self.inner(inputs), leaves)
+        except NotCapturable:
+            raise
+        except RuntimeError as failed:  # an operation CUDA graphs cannot hold (a host sync)
+            raise NotCapturable(f"its capture failed: {failed}") from failed
+        self.captures += 1
+
+
+def capture_potential(potential: Potential, headroom: float = 0.2) -> Potential:
+    """``potential`` captured as CUDA graphs on padded graphs, a drop-in for it: wrapped in a
+    :class:`CapturedPotential`, or, for a potential made of parts (a pipeline), the parts
+    that can be (:meth:`Potential.compiled <nvalchemi_lammps.contract.Potential.compiled>`).
+
+    :raises ValueError: nothing in ``potential`` can run on padded graphs
+    """
+    return potential.compiled(lambda part: CapturedPotential(part, headroom))

@@ -1,0 +1,254 @@
+"""Potentials captured on padded graphs (engine/_captured.py) against the same potentials
+run eagerly, on the CPU: the static buffers, the padding, the capacities and when they
+capture again, the exchanges on one rank inside the captured step, and what runs eagerly
+after all. (No CUDA here: the buffers are "replayed" by running the potential on them;
+tests/gpu captures real CUDA graphs.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from _systems import decompose, decompose_shell, fcc_argon_222, lennard_jones
+
+from nvalchemi_lammps import MessagePassing, ModelSpec, Pipeline, Potential, evaluate
+from nvalchemi_lammps.contract import AdjointComm, NoOpComm
+from nvalchemi_lammps.engine import CapturedPotential, capture_potential
+from nvalchemi_lammps.frontends.session import Session
+
+
+class OneRankComm(AdjointComm):
+    """One rank whose ghosts image its own atoms: exchanges copy each ghost row from the
+    owned row it images (``local_owners``), sums over ranks are the identity."""
+
+    def __init__(self, owner: np.ndarray, exchange: bool = True) -> None:
+        self.owner = torch.from_numpy(owner)
+        self.exchange = exchange
+        self.one_rank = True
+
+    def local_owners(self, device: torch.device) -> torch.Tensor:
+        return self.owner.to(device)
+
+    def _forward(self, src: torch.Tensor) -> torch.Tensor:
+        return src[self.owner]
+
+    def _reverse(self, src: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(src).index_add_(0, self.owner, src)
+
+    def _sum(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class RemoteComm(OneRankComm):
+    """As if the ghosts came from other ranks: no local owners, MPI mid-step."""
+
+    def __init__(self, owner: np.ndarray, exchange: bool = True) -> None:
+        super().__init__(owner, exchange)
+        self.one_rank = False
+        self.sums = 0
+
+    def local_owners(self, device: torch.device) -> None:
+        return None
+
+    def _sum(self, x: torch.Tensor) -> torch.Tensor:
+        self.sums += 1
+        return x
+
+
+def _mace():
+    from _mace_models import random_mace
+
+    from nvalchemi_lammps.potentials.mace import Mace
+
+    return Mace.from_model(random_mace(), dtype="float64")
+
+
+def _dftd3():
+    from nvalchemi_lammps.potentials.dftd3 import DFTD3
+
+    return DFTD3(["Ar", "Ne"], cutoff=6.0, cn_cutoff=5.0)
+
+
+POTENTIALS = {
+    "lennard_jones": lambda: lennard_jones(fcc_argon_222(), cutoff=6.0),
+    "message_passing": lambda: MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, seed=3),
+    "mace": _mace,
+    "dftd3": _dftd3,
+}
+
+
+def _graph(system, cutoff, comm_type=OneRankComm, exchange=True):
+    rank = decompose(system, cutoff, 1)[0]
+    assert rank.ntotal > rank.nlocal  # ghosts, so exchanges copy something
+    return rank.local_graph(comm_type(rank.owner, exchange))
+
+
+def _assert_same(got, want, rtol=1e-12):
+    scale = float(want.pair_forces.abs().max())
+    assert scale > 0.0
+    assert float((got.pair_forces - want.pair_forces).abs().max()) <= rtol * scale
+    assert got.energy == pytest.approx(want.energy, rel=rtol)
+    energies = float(want.atom_energies.abs().max())
+    assert float((got.atom_energies - want.atom_energies).abs().max()) <= rtol * energies
+
+
+def _fewer_atoms(removed: int, seed: int):
+    rng = np.random.default_rng(seed)
+    system = fcc_argon_222()
+    keep = np.sort(rng.choice(system.natoms, system.natoms - removed, replace=False))
+    return type(system)(
+        "fewer",
+        system.positions[keep],
+        system.cell,
+        system.pbc,
+        system.species[keep],
+        system.elements,
+    )
+
+
+@pytest.mark.parametrize("make", POTENTIALS.values(), ids=POTENTIALS.keys())
+def test_captured_equals_eager(make):
+    """Every potential that runs on padded graphs, captured, on one rank with the ghosts'
+    features gathered from their owners inside the captured step: equal to eager."""
+    potential = make()
+    captured = CapturedPotential(potential)
+    graph = _graph(fcc_argon_222(), potential.spec.cutoff)
+    want = evaluate(potential, graph)
+    for _ in range(2):  # the capture, then a replay
+        _assert_same(evaluate(captured, graph), want)
+    assert captured.captures == 1 and captured.eager_reason is None
+    assert captured.atom_capacity > graph.ntotal and captured.pair_capacity > graph.npairs
+
+
+def test_capture_again_only_when_outgrown():
+    """Graphs within the capacities (other owned, ghost and pair counts) replay the same
+    capture; a graph past one grows the capacities geometrically and captures again."""
+    potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, seed=3)
+    captured = CapturedPotential(potential, headroom=0.5)
+    graph = _graph(fcc_argon_222(), 5.0)
+    _assert_same(evaluate(captured, graph), evaluate(potential, graph))
+    capacities = (captured.atom_capacity, captured.pair_capacity)
+
+    fewer = _graph(_fewer_atoms(3, seed=1), 5.0)
+    assert fewer.nlocal != graph.nlocal and fewer.npairs < graph.npairs
+    _assert_same(evaluate(captured, fewer), evaluate(potential, fewer))
+    assert captured.captures == 1
+    assert (captured.atom_capacity, captured.pair_capacity) == capacities
+
+    dense = _graph(fcc_argon_222().strained(np.eye(3) * -0.2), 5.0)
+    assert dense.npairs > capacities[1]
+    _assert_same(evaluate(captured, dense), evaluate(potential, dense))
+    assert captured.captures == 2
+    assert captured.pair_capacity >= 1.5 * dense.npairs
+    # and back to the first graph: the larger capture holds it
+    _assert_same(evaluate(captured, graph), evaluate(potential, graph))
+    assert captured.captures == 2
+
+
+def test_padding_is_inert_in_the_static_buffers():
+    """A replay after a larger graph: the padding rows and pairs left in the static
+    buffers by the larger graph are overwritten, not summed."""
+    potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=2, seed=3)
+    captured = CapturedPotential(potential, headroom=0.0)
+    dense = _graph(fcc_argon_222().strained(np.eye(3) * -0.1), 5.0)
+    evaluate(captured, dense)
+    graph = _graph(_fewer_atoms(5, seed=3), 5.0)
+    _assert_same(evaluate(captured, graph), evaluate(potential, graph))
+    assert captured.captures == 1
+
+
+def test_shell_strategy_captured():
+    """Under the widened shell nothing is exchanged: captured equals eager."""
+    potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, seed=3)
+    rank = decompose_shell(fcc_argon_222(), 5.0, 3, 1)[0]
+    graph = rank.local_graph(NoOpComm())
+    captured = CapturedPotential(potential)
+    _assert_same(evaluate(captured, graph), evaluate(potential, graph))
+    assert captured.captures == 1
+
+
+def test_exchanges_between_ranks_run_eagerly():
+    """Ghost features from other ranks go through MPI every layer, which no graph can
+    hold: the potential runs eagerly from its first step on, saying why, and equal."""
+    potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, seed=3)
+    captured = CapturedPotential(potential)
+    graph = _graph(fcc_argon_222(), 5.0, RemoteComm)
+    _assert_same(evaluate(captured, graph), evaluate(potential, graph))
+    assert captured.captures == 0
+    assert "exchanged between ranks" in captured.eager_reason
+
+
+class _Summing(Potential):
+    """Pair energies scaled by a sum over ranks: a potential with a collective mid-step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = "summing"
+        self.spec = ModelSpec(cutoff=5.0, elements=("Ar", "Ne"), units="metal")
+
+    def forward(self, graph):
+        r = torch.linalg.norm(graph.rij, dim=1)
+        pair = torch.where(r < self.spec.cutoff, (self.spec.cutoff - r) ** 2, 0.0)
+        scale = graph.comm.allreduce(torch.ones(1, dtype=r.dtype))
+        energies = torch.zeros(graph.ntotal, dtype=r.dtype).index_add(0, graph.pair_i, pair)
+        return energies * scale
+
+    def prepare_compile(self):
+        return self
+
+
+def test_sums_over_ranks():
+    """A sum over ranks is the identity inside a capture on one rank; on several it calls
+    MPI, and the potential runs eagerly (every rank alike: the rank count decides)."""
+    one = CapturedPotential(_Summing())
+    graph = _graph(fcc_argon_222(), 5.0, exchange=False)
+    _assert_same(evaluate(one, graph), evaluate(_Summing(), graph))
+    assert one.captures == 1
+
+    several = CapturedPotential(_Summing())
+    remote = _graph(fcc_argon_222(), 5.0, RemoteComm, exchange=False)
+    _assert_same(evaluate(several, remote), evaluate(_Summing(), remote))
+    assert several.captures == 0 and "sums over ranks" in several.eager_reason
+    assert remote.comm.sums == 2  # the eager forward and backward sum for real
+
+
+def test_pipeline_captures_its_parts():
+    """A pipeline's terms that run on padded graphs are captured one by one."""
+    pipeline = Pipeline(
+        [
+            MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=2, seed=3),
+            lennard_jones(fcc_argon_222(), cutoff=6.0),
+        ]
+    )
+    captured = capture_potential(pipeline)
+    assert sum(isinstance(m, CapturedPotential) for m in captured.modules()) == 2
+    graph = _graph(fcc_argon_222(), 6.0)
+    _assert_same(evaluate(captured, graph), evaluate(pipeline, graph))
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    from nvalchemi_lammps import save_model
+
+    return save_model(MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=2, seed=3), tmp_path / "m.pt")
+
+
+def test_session_capture_keyword(model_file):
+    """``capture``: ``auto`` (the default) captures on a GPU only and says nothing on the
+    CPU; ``yes`` on the CPU runs the padded buffers and says so; ``no`` leaves it eager;
+    ``yes`` with ``compile`` and unknown modes are refused."""
+    session = Session(str(model_file), 1)
+    assert session.set_capture("auto") == ""
+    assert session.compile_status() == (-1, 0, 0)
+    assert session.set_capture("no") == ""
+    line = session.set_capture("yes")
+    assert line.startswith("capture on the CPU (padded buffers, no graphs): message_passing")
+    assert session.compile_status()[0] == 0  # nothing captured before the first step
+    with pytest.raises(ValueError, match="capture must be yes, no or auto"):
+        session.set_capture("maybe")
+
+    compiled = Session(str(model_file), 1)
+    compiled.set_compile("default")
+    assert compiled.set_capture("auto") == ""
+    with pytest.raises(ValueError, match="exclude each other"):
+        compiled.set_capture("yes")
