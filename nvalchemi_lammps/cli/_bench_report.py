@@ -23,6 +23,8 @@ class Row:
     model_ms: float | None  # the bare model on the whole system (1 rank)
     step_over_model: float | None
     fixed_ms: float | None  # step - model: what a step costs beyond the model
+    graphed_ms: float | None  # the bare model captured as CUDA graphs (on a GPU)
+    over_graphed_ms: float | None  # step - graphed model
     # this project's sessions: the step split (None for other styles)
     lammps_ms: float | None
     bridge_ms: float | None
@@ -86,6 +88,13 @@ def row(
         model_ms = statistics.median(bare)
         ratio = statistics.median(s / m for s, m in per_round)
         fixed = statistics.median(s - m for s, m in per_round)
+    graphed = out["ranks"][0].get("graphed_ms") or []
+    graphed_ms = over_graphed = None
+    if graphed:
+        around = [(a + b) / 2 for a, b in itertools.pairwise(graphed)]
+        rounds = [r["round"] for r in out["ranks"][0]["runs"] if r["style"] == k]
+        graphed_ms = statistics.median(graphed)
+        over_graphed = statistics.median(s - around[t] for s, t in zip(step_ms, rounds))
     gpu = [r["peak_gpu_mib"] for rnd in by_round for r in rnd if "peak_gpu_mib" in r]
     compiled = [r["compiled"] for rnd in by_round for r in rnd if "compiled" in r]
     dt = config.timestep or TIMESTEP[config.units]
@@ -100,6 +109,8 @@ def row(
         model_ms=model_ms,
         step_over_model=ratio,
         fixed_ms=fixed,
+        graphed_ms=graphed_ms,
+        over_graphed_ms=over_graphed,
         lammps_ms=split.get("lammps_ms"),
         bridge_ms=split.get("bridge_ms"),
         inside_model_ms=split.get("inside_model_ms"),
@@ -119,14 +130,17 @@ def _cell(value: float | None, width: int, spec: str) -> str:
 
 
 def format_rows(rows: list[Row]) -> list[str]:
-    """The table; with a compiled model, a last column of the graphs compiled during the
-    timed steps (0 when the capacities of the first steps held)."""
+    """The table; on a GPU, the bare model captured as CUDA graphs (``graphed``) and what a
+    step costs beyond it (``step-grf``); with a compiled model, a last column of the graphs
+    compiled during the timed steps (0 when the capacities of the first steps held)."""
     compiling = any(r.compiled is not None for r in rows)
+    graphed = any(r.graphed_ms is not None for r in rows)
     width = max([len("style")] + [len(r.style) for r in rows])
     header = (
         f"{'atoms':>8} {'ranks':>5} {'style':<{width}} {'ms/step':>9} {'cpu ms':>8} {'/1st':>6} "
         f"{'ns/day':>8} {'model':>8} {'step/mdl':>8} {'step-mdl':>8} {'lammps':>7} {'bridge':>7} "
         f"{'in-model':>8} {'collect.':>8} {'MiB':>6} {'dF(ranks)':>9} {'dF(1st)':>8}"
+        + (f" {'graphed':>8} {'step-grf':>8}" if graphed else "")
         + (f" {'compiled':>8}" if compiling else "")
     )
     lines = [header]
@@ -140,6 +154,11 @@ def format_rows(rows: list[Row]) -> list[str]:
             f"{_cell(r.lammps_ms, 7, '.2f')} {_cell(r.bridge_ms, 7, '.2f')} "
             f"{_cell(r.inside_model_ms, 8, '.2f')} {_cell(r.collectives_ms, 8, '.2f')} "
             f"{memory:>6.0f} {r.force_difference:>9.1e} {r.force_vs_first_style:>8.1e}"
+            + (
+                f" {_cell(r.graphed_ms, 8, '.3f')} {_cell(r.over_graphed_ms, 8, '.3f')}"
+                if graphed
+                else ""
+            )
             + (f" {r.compiled if r.compiled is not None else '-':>8}" if compiling else "")
         )
     return lines

@@ -32,14 +32,15 @@ def turn_order(names: list, turn: int) -> list:
 
 class BareModel:
     """The model's forward and backward on the whole periodic system (the reference
-    evaluator's pairs, every atom owned, no LAMMPS), each call timed to its end."""
+    evaluator's pairs, every atom owned, no LAMMPS), each call timed to its end; with
+    ``captured``, as CUDA graphs (the doors' default on a GPU)."""
 
-    def __init__(self, spec: dict):
+    def __init__(self, spec: dict, captured: bool = False):
         import numpy as np
         import torch
 
         from .. import LocalGraph, evaluate, load_model
-        from ..engine import compile_potential
+        from ..engine import capture_potential, compile_potential
         from ..reference import neighbor_pairs
 
         device = spec["device"]
@@ -47,6 +48,8 @@ class BareModel:
         if spec["compile"] != "no":
             mode = "default" if spec["compile"] == "yes" else spec["compile"]
             self.potential = compile_potential(self.potential, mode)
+        elif captured:
+            self.potential = capture_potential(self.potential)
         self.synchronize = torch.cuda.synchronize if device == "cuda" else lambda: None
         system = np.load(spec["system"])
         cutoff = self.potential.spec.cutoff
@@ -140,11 +143,23 @@ def main(argv: list[str] | None = None) -> int:
             'dump_modify step0 sort id format float "%.17g"\n'
             "run 0\nundump step0\n"
         )
-    bare = BareModel(run["bare"]) if run["bare"] and me == 0 else None
-    bare_ms = []
-    if bare is not None:
-        bare.samples(2)  # builds, warms up (compiles)
-        bare_ms.append(statistics.median(bare.samples(run["bare"]["calls"])))
+    # the bare model, eager or compiled; on a GPU also captured as the doors run it
+    bare, graphed = [], []
+    if run["bare"] and me == 0:
+        bare.append(BareModel(run["bare"]))
+        if run["bare"].get("graphed"):
+            graphed.append(BareModel(run["bare"], captured=True))
+    bare_ms: list[float] = []
+    graphed_ms: list[float] = []
+
+    def time_bare() -> None:
+        for models, times in ((bare, bare_ms), (graphed, graphed_ms)):
+            for model in models:
+                times.append(statistics.median(model.samples(run["bare"]["calls"])))
+
+    for model in bare + graphed:
+        model.samples(2)  # builds, warms up (compiles, captures)
+    time_bare()
     runs = []
     for turn in range(run["rounds"]):
         for k in turn_order(list(range(len(styles))), turn):
@@ -181,11 +196,11 @@ def main(argv: list[str] | None = None) -> int:
                 if compiled >= 0:  # graphs compiled during the timed steps
                     record["compiled"] = compiled - compiled_before
             runs.append(record)
-        if bare is not None:
-            bare_ms.append(statistics.median(bare.samples(run["bare"]["calls"])))
+        time_bare()
     measured = {
         "runs": runs,
         "bare_ms": bare_ms,
+        "graphed_ms": graphed_ms,
         "peak_host_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
     }
     (folder / f"rank{me}.json").write_text(json.dumps(measured))

@@ -274,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
                         "system": str(system),
                         "device": config.device,
                         "compile": config.compile,
+                        "graphed": config.device == "cuda" and config.compile == "no",
                         "calls": config.calls,
                     }
                 spec = _process_spec(config, setup, models, bare)

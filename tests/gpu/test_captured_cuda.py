@@ -1,0 +1,87 @@
+"""Potentials captured as CUDA graphs (engine/_captured.py) on a GPU, against the same
+potentials run eagerly there: one rank whose ghosts gather their owners' features inside the
+graphs, replays after the capture, a capture again when a graph outgrows the capacities.
+Needs no LAMMPS."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from _systems import decompose, fcc_argon_222
+
+from nvalchemi_lammps import MessagePassing, evaluate
+from nvalchemi_lammps.contract import AdjointComm
+from nvalchemi_lammps.engine import CapturedPotential
+
+
+class OneRankComm(AdjointComm):
+    """One rank whose ghosts image its own atoms (as tests/test_captured.py's)."""
+
+    def __init__(self, owner: np.ndarray) -> None:
+        self.owner = torch.from_numpy(owner).cuda()
+        self.exchange = True
+        self.one_rank = True
+
+    def local_owners(self, device: torch.device) -> torch.Tensor:
+        return self.owner.to(device)
+
+    def _forward(self, src: torch.Tensor) -> torch.Tensor:
+        return src[self.owner]
+
+    def _reverse(self, src: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(src).index_add_(0, self.owner, src)
+
+    def _sum(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def _graph(system, cutoff):
+    rank = decompose(system, cutoff, 1)[0]
+    graph = rank.local_graph(OneRankComm(rank.owner))
+    return type(graph)(
+        graph.nlocal,
+        graph.species.cuda(),
+        graph.pair_i.cuda(),
+        graph.pair_j.cuda(),
+        graph.rij.cuda(),
+        graph.comm,
+    )
+
+
+def _mace(dtype):
+    pytest.importorskip("mace", reason="mace-torch is not installed")
+    from _mace_models import random_mace
+
+    from nvalchemi_lammps.potentials.mace import Mace
+
+    return Mace.from_model(random_mace(), dtype=dtype)
+
+
+POTENTIALS = {
+    "message_passing": lambda: MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, seed=3),
+    "mace64": lambda: _mace("float64"),
+    "mace32": lambda: _mace("float32"),
+}
+
+
+@pytest.mark.parametrize("name", POTENTIALS)
+def test_captured_equals_eager_on_gpu(cuda, name):
+    potential = POTENTIALS[name]().cuda()
+    rtol = 1e-5 if potential.spec.dtype == "float32" else 1e-12
+    captured = CapturedPotential(potential)
+    systems = [
+        fcc_argon_222(),
+        fcc_argon_222().strained(np.eye(3) * 0.02),  # within the capacities: a replay
+        fcc_argon_222().strained(np.eye(3) * -0.2),  # more pairs: a capture again
+    ]
+    for system in systems:
+        graph = _graph(system, potential.spec.cutoff)
+        want = evaluate(potential, graph)
+        for _ in range(3):  # replays
+            got = evaluate(captured, graph)
+            scale = float(want.pair_forces.abs().max())
+            assert float((got.pair_forces - want.pair_forces).abs().max()) <= rtol * scale
+            assert got.energy == pytest.approx(want.energy, rel=rtol)
+    assert captured.eager_reason is None
+    assert captured.captures == 2
