@@ -91,7 +91,7 @@ class PairCollectives : public Collectives {
 
 PairNvalchemi::PairNvalchemi(LAMMPS *lmp) :
     Pair(lmp), session(nullptr), layers(1), shell(0), half_pairs(false), map(nullptr),
-    compiling(false), compiled_before(0),
+    padding(Padding::NONE), graphs_before(0),
     exchange_rows(nullptr), exchange_width(0), exchange_offset(0), exchange_count(0), maxatom(0),
     maxpair(0),
     species(nullptr), owner(nullptr), exchange_plan(new ExchangePlan(world)),
@@ -375,7 +375,7 @@ void PairNvalchemi::grow_buffers(int natoms, int npairs)
 
 /* ----------------------------------------------------------------------
    global settings: pair_style nvalchemi <model file> [device D] [strategy S] [charge Q]
-   [spin S] [task NAME] [compile no|yes|MODE]
+   [spin S] [task NAME] [compile no|yes|MODE] [capture yes|no|auto]
 ------------------------------------------------------------------------- */
 
 void PairNvalchemi::settings(int narg, char **arg)
@@ -387,6 +387,7 @@ void PairNvalchemi::settings(int narg, char **arg)
   int spin = -1;    // not given: the model's default
   std::string task; // likewise
   std::string compile_mode = "no", compiled; // compiled: what runs compiled, for the log
+  std::string capture_mode = "auto", captured; // captured: what runs captured, likewise
   int iarg = 1;
   while (iarg < narg) {
     if (strcmp(arg[iarg], "device") == 0) {
@@ -413,6 +414,13 @@ void PairNvalchemi::settings(int narg, char **arg)
       if (iarg + 2 > narg) utils::missing_cmd_args(FLERR, "pair_style nvalchemi compile", error);
       compile_mode = arg[iarg + 1];
       if (compile_mode == "yes") compile_mode = "default";
+      iarg += 2;
+    } else if (strcmp(arg[iarg], "capture") == 0) {
+      if (iarg + 2 > narg) utils::missing_cmd_args(FLERR, "pair_style nvalchemi capture", error);
+      capture_mode = arg[iarg + 1];
+      if (capture_mode != "yes" && capture_mode != "no" && capture_mode != "auto")
+        error->all(FLERR, "pair_style nvalchemi capture must be yes, no or auto; got {}",
+                   capture_mode);
       iarg += 2;
     } else if (strcmp(arg[iarg], "task") == 0) {
       if (iarg + 2 > narg) utils::missing_cmd_args(FLERR, "pair_style nvalchemi task", error);
@@ -454,24 +462,31 @@ void PairNvalchemi::settings(int narg, char **arg)
               {"charge", fmt::format("{}", total_charge)},
               {"spin", spin < 0 ? std::string("not given") : std::to_string(spin)},
               {"task", task.empty() ? std::string("not given") : task},
-              {"compile", compile_mode}};
+              {"compile", compile_mode},
+              {"capture", capture_mode}};
   check_same_settings();
   if (comm->me == 0 && !session->digest_verified())
     error->warning(FLERR, "Pair style nvalchemi: model file {} carries no digest (written before "
                    "nvalchemi-lammps checked them): its contents cannot be verified; export it "
                    "again to add one", model_path);
 
-  // the model may refuse a strategy: deterministic, so the same on every rank
+  // the model may refuse a strategy, a compile mode or capture: deterministic, so the same
+  // on every rank
+  padding = Padding::NONE;
   try {
     session->set_strategy(strategy);
     session->set_system_state(total_charge, spin, task);
     compiled = session->set_compile(compile_mode);
+    captured = session->set_capture(capture_mode);
+    if (compile_mode != "no")
+      padding = Padding::COMPILE;
+    else if (session->compile_status().graphs >= 0)
+      padding = Padding::CAPTURE;
   } catch (std::exception &err) {
     log_traceback(err);
     error->all(FLERR, "pair_style nvalchemi: {}", err.what());
   }
-  compiling = compile_mode != "no";
-  compiled_before = 0;
+  graphs_before = 0;
   layers = session->layers();
   shell = session->strategy() == "shell" ? 1 : 0;
   ghostneigh = shell;
@@ -482,6 +497,7 @@ void PairNvalchemi::settings(int narg, char **arg)
                      shell ? fmt::format("ghost shell of {} x cutoff, no exchange", layers)
                            : std::string("ghost features exchanged after each layer"));
     if (!compiled.empty()) utils::logmesg(lmp, "pair_style nvalchemi: {}\n", compiled);
+    if (!captured.empty()) utils::logmesg(lmp, "pair_style nvalchemi: {}\n", captured);
   }
 }
 
@@ -689,28 +705,40 @@ double PairNvalchemi::init_one(int i, int j)
 }
 
 /* ----------------------------------------------------------------------
-   end of a run: how many graphs torch.compile compiled during it (the most on any rank);
-   after the first run of an MD simulation this should stay 0
+   end of a run: how many graphs torch.compile compiled, or how many times the
+   model was captured, during it (the most on any rank; after the first run of
+   an MD simulation this should stay 0), and which captured terms run eagerly
+   after all (the same on every rank)
 ------------------------------------------------------------------------- */
 
 void PairNvalchemi::finish()
 {
-  if (!compiling || !session) return;
+  if (padding == Padding::NONE || !session) return;
   NvalchemiLammps::PythonSession::CompileStatus status{-1, 0, 0};
+  std::string eager;
   try {
     status = session->compile_status();
+    if (padding == Padding::CAPTURE) eager = session->eager_after_all();
   } catch (std::exception &err) {
     log_traceback(err);
     abort_one(FLERR, fmt::format("pair_style nvalchemi: {}", err.what()));
   }
-  long local[2] = {status.graphs - compiled_before, status.graphs}, most[2];
+  long local[2] = {status.graphs - graphs_before, status.graphs}, most[2];
   MPI_Allreduce(local, most, 2, MPI_LONG, MPI_MAX, world);
-  compiled_before = status.graphs;
-  if (comm->me == 0)
+  graphs_before = status.graphs;
+  if (comm->me != 0) return;
+  if (padding == Padding::COMPILE)
     utils::logmesg(lmp,
                    "pair_style nvalchemi: torch.compile: {} graph(s) compiled during this run, "
                    "{} in all; padded to {} atoms and {} pairs on rank 0\n",
                    most[0], most[1], status.atoms, status.pairs);
+  else if (most[1] > 0 || eager.empty())    // not when nothing was ever captured
+    utils::logmesg(lmp,
+                   "pair_style nvalchemi: {}: {} captured during this run, {} in all; padded to "
+                   "{} atoms and {} pairs on rank 0\n",
+                   session->on_device() ? "CUDA graphs" : "capture on the CPU (no graphs)",
+                   most[0], most[1], status.atoms, status.pairs);
+  if (!eager.empty()) utils::logmesg(lmp, "pair_style nvalchemi: {}\n", eager);
 }
 
 /* ----------------------------------------------------------------------

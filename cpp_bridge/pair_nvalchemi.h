@@ -59,8 +59,12 @@ class PairNvalchemi : public Pair {
   int shell;        // 1: ghost shell of layers x cutoff with ghost pairs, no exchange
   bool half_pairs;  // a half neighbor list: the model takes each pair once (init_style)
   int *map;         // LAMMPS type -> model element index, -1 for NULL
-  bool compiling;           // the model runs under torch.compile (keyword compile)
-  long compiled_before;     // graphs compiled on this rank before the current run
+  // what pads the model's graphs to capacities, for finish()'s report: torch.compile
+  // (keyword compile), capture (keyword capture: CUDA graphs; on the CPU the padded buffers
+  // alone), or neither
+  enum class Padding { NONE, COMPILE, CAPTURE };
+  Padding padding;
+  long graphs_before;    // graphs compiled or captured on this rank before the current run
 
   // the rows being exchanged: width values per atom, columns [offset, offset+count)
   double *exchange_rows;

@@ -446,6 +446,19 @@ std::string PythonSession::set_compile(const std::string &mode)
 
 /* ---------------------------------------------------------------------- */
 
+std::string PythonSession::set_capture(const std::string &mode)
+{
+  GilLock gil;
+  PyRef summary(
+      PyObject_CallMethod(static_cast<PyObject *>(session_), "set_capture", "s", mode.c_str()));
+  if (!summary) raise_python_error("");
+  const char *text = PyUnicode_AsUTF8(summary.get());
+  if (!text) raise_python_error("set_capture: ");
+  return text;
+}
+
+/* ---------------------------------------------------------------------- */
+
 bool PythonSession::half_pairs()
 {
   GilLock gil;
@@ -467,6 +480,18 @@ PythonSession::CompileStatus PythonSession::compile_status()
   if (!PyArg_ParseTuple(status.get(), "lll", &result.graphs, &result.atoms, &result.pairs))
     raise_python_error("compile_status: ");
   return result;
+}
+
+/* ---------------------------------------------------------------------- */
+
+std::string PythonSession::eager_after_all()
+{
+  GilLock gil;
+  PyRef why(PyObject_CallMethod(static_cast<PyObject *>(session_), "eager_after_all", nullptr));
+  if (!why) raise_python_error("");
+  const char *text = PyUnicode_AsUTF8(why.get());
+  if (!text) raise_python_error("eager_after_all: ");
+  return text;
 }
 
 /* ---------------------------------------------------------------------- */

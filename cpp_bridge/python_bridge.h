@@ -103,11 +103,20 @@ class PythonSession {
   // graphs padded to capacities with headroom, or not at all ("no"); returns what runs
   // compiled, for the log ("" for "no")
   std::string set_compile(const std::string &mode);
-  // graphs compiled so far (-1: not compiling) and the capacities padded to
+  // capture the model's forward and backward as CUDA graphs on graphs padded to capacities
+  // ("yes"; on the CPU the same padded buffers without graphs), or not ("no"); "auto": on a
+  // GPU unless compiling. Call after set_compile; returns the line for the log ("" when
+  // there is nothing to say)
+  std::string set_capture(const std::string &mode);
+  // graphs compiled (torch.compile) or captured (CUDA graphs) so far (-1: neither) and the
+  // capacities padded to
   struct CompileStatus {
     long graphs, atoms, pairs;
   };
   CompileStatus compile_status();
+  // why captured terms run eagerly after all ("NAME runs eagerly: REASON"), "" when none
+  // does: the same on every rank, for the log at the end of a run
+  std::string eager_after_all();
 
   // the model takes each pair once (a half neighbor list): asked at each init_style,
   // after the strategy and compile mode are set
