@@ -32,7 +32,7 @@ from . import _mpi
 from ._lammps_comm import exchanged_into, gathered, summed_into
 from ._streams import fence
 from ._write_back import nonfinite_report
-from .mliap_settings import COMPILE_ENV, MliapSettings
+from .mliap_settings import CAPTURE_ENV, COMPILE_ENV, MliapSettings
 from .session import Session
 
 #: ML-IAP lists pairs closer than ``2 * rcutfac``: ``MLIAPDummyDescriptor::init``
@@ -368,6 +368,8 @@ class MLIAPModel(MLIAPUnified):
         self._in_flight = None  # _read waited for Kokkos, which is done reading it
         if device != graph.rij.device:
             self.potential.to(graph.rij.device)
+            # the session's too: capture (auto) decides by it whether there are CUDA graphs
+            self.session.device = graph.rij.device
         if self._runner is None:
             self._runner = self._compiled_or_eager()
         with torch.enable_grad():
@@ -375,6 +377,10 @@ class MLIAPModel(MLIAPUnified):
         if not result.finite:  # read with the energy: no extra host sync
             raise FloatingPointError(self._non_finite(result, graph))
         self._in_flight = _write(data, result, kokkos=hasattr(data, "update_pair_forces_gpu"))
+        if self._evaluations == 1 and _mpi.rank() == 0:  # decided at the first call
+            eager = self.session.eager_after_all()
+            if eager:
+                print(f"nvalchemi-lammps: ML-IAP: {eager}", flush=True)
 
     def _start(self) -> MliapSettings:
         """The run's settings, once every rank is known to run the same model with the same
@@ -385,24 +391,33 @@ class MLIAPModel(MLIAPUnified):
                 "element list": " ".join(self.element_types),
                 "model": content_digest(model_record(self.potential)),
                 f"compile mode ({COMPILE_ENV})": settings.compile,
+                f"capture mode ({CAPTURE_ENV})": settings.capture,
             }
         )
         return settings
 
     def _compiled_or_eager(self) -> Potential:
         """The potential under ``torch.compile`` in the mode :data:`COMPILE_ENV` names, on
-        padded graphs as ``pair_style nvalchemi ... compile MODE`` runs it, or as it is."""
-        mode = self._settings.compile
+        padded graphs as ``pair_style nvalchemi ... compile MODE`` runs it, then captured as
+        CUDA graphs as :data:`CAPTURE_ENV` says (``... capture yes|no``), or as it is."""
+        mode, capture = self._settings.compile, self._settings.capture
         try:
             self.session.set_compile(mode)
         except ValueError as refused:
             raise ValueError(f"{COMPILE_ENV}={mode}: {refused}") from None
-        if mode != "no" and _mpi.rank() == 0:
-            print(
-                f"nvalchemi-lammps: ML-IAP runs {self.potential.name} under torch.compile "
-                f"({mode}) on padded graphs ({COMPILE_ENV})",
-                flush=True,
-            )
+        try:
+            captured = self.session.set_capture(capture)
+        except ValueError as refused:
+            raise ValueError(f"{CAPTURE_ENV}={capture}: {refused}") from None
+        if _mpi.rank() == 0:
+            if mode != "no":
+                print(
+                    f"nvalchemi-lammps: ML-IAP runs {self.potential.name} under torch.compile "
+                    f"({mode}) on padded graphs ({COMPILE_ENV})",
+                    flush=True,
+                )
+            if captured:
+                print(f"nvalchemi-lammps: ML-IAP: {captured} ({CAPTURE_ENV})", flush=True)
         return self.session.potential
 
     def _non_finite(self, result: Evaluation, graph: LocalGraph) -> str:

@@ -18,6 +18,12 @@ from dataclasses import dataclass
 #: (``default``, ``reduce-overhead``, ``max-autotune``, ``max-autotune-no-cudagraphs``;
 #: unset or ``no``: eager). It changes the numbers at rounding level: compared across ranks.
 COMPILE_ENV = "NVALCHEMI_LAMMPS_COMPILE"
+#: CUDA-graph capture of the model, as ``pair_style nvalchemi``'s ``capture yes|no``: ``yes``
+#: (the model's forward and backward captured as CUDA graphs on graphs padded to capacities;
+#: on the CPU the same padded buffers without graphs), ``no``, or ``auto`` (unset: the
+#: default), on a GPU unless :data:`COMPILE_ENV` compiles. Compared across ranks.
+CAPTURE_ENV = "NVALCHEMI_LAMMPS_CAPTURE"
+CAPTURE_MODES = ("auto", "yes", "no")
 #: How ghost features are exchanged on a single rank, where every ghost is an image of an
 #: owned atom: ``gather`` (unset: the default) by each row's owned row, found once per call
 #: by one exchange of the rows' numbers through ML-IAP; ``comm`` every exchange through
@@ -29,22 +35,28 @@ EXCHANGE_MODES = ("gather", "comm")
 
 @dataclass(frozen=True)
 class MliapSettings:
-    """What :data:`COMPILE_ENV` and :data:`EXCHANGE_ENV` ask for.
+    """What :data:`COMPILE_ENV`, :data:`CAPTURE_ENV` and :data:`EXCHANGE_ENV` ask for.
 
     :param compile: the ``torch.compile`` mode, ``no`` for eager (checked when compiling)
     :param exchange: one of :data:`EXCHANGE_MODES`
+    :param capture: one of :data:`CAPTURE_MODES`
     """
 
     compile: str = "no"
     exchange: str = "gather"
+    capture: str = "auto"
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ) -> MliapSettings:
         """The settings of ``environ``.
 
-        :raises ValueError: an exchange mode not in :data:`EXCHANGE_MODES`
+        :raises ValueError: an exchange mode not in :data:`EXCHANGE_MODES`, a capture mode
+            not in :data:`CAPTURE_MODES`
         """
         exchange = environ.get(EXCHANGE_ENV, "gather")
         if exchange not in EXCHANGE_MODES:
             raise ValueError(f"{EXCHANGE_ENV} must be gather or comm, not '{exchange}'")
-        return cls(environ.get(COMPILE_ENV, "no"), exchange)
+        capture = environ.get(CAPTURE_ENV, "auto")
+        if capture not in CAPTURE_MODES:
+            raise ValueError(f"{CAPTURE_ENV} must be yes, no or auto, not '{capture}'")
+        return cls(environ.get(COMPILE_ENV, "no"), exchange, capture)
