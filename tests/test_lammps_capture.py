@@ -1,0 +1,232 @@
+"""``pair_style nvalchemi ... capture yes|no`` (and ``NVALCHEMI_LAMMPS_CAPTURE`` for
+``pair_style mliap unified``) through a real LAMMPS on the CPU, where ``capture yes`` runs
+the captured step on its padded static buffers without the CUDA graphs themselves (the
+graphs: tests/gpu/test_captured_cuda.py; the capture logic alone: tests/test_captured.py).
+
+An MD run whose box is compressed by 15 % (neighbor lists rebuilt, atoms crossing between
+ranks, pair counts growing past the capacities) through ``nvalchemi`` on 1 and 2 ranks and
+``nvalchemi/kk`` on 2: the end-of-run lines count the captures, and the last configuration
+evaluated captured equals it evaluated eagerly per atom by ID to 1e-10. The
+message-passing model's ghost exchanges are captured on one rank and run eagerly on two,
+where the log says why. ``capture maybe`` and ``capture yes`` with ``compile`` stop every
+rank with the reason; ML-IAP takes the setting from the environment. Every LAMMPS run here
+is ``slow`` (tests/conftest.py); the setting's parsing stays in ``make check``.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+import pytest
+from _bad_inputs import TIMEOUT, BadInput, assert_clear_error, bad_input_script
+from _systems import ar_ne_slab
+from lammps_helpers import (
+    AR_EPSILON,
+    AR_MASS,
+    AR_SIGMA,
+    assert_matches_reference,
+    assert_runs_agree,
+    built_lammps,
+    comparison_script,
+    neighbor_list_builds,
+    read_evaluation,
+    run0_evaluation,
+)
+from test_lammps_kokkos_plugin import kokkos_lammps  # noqa: F401  (nvalchemi/kk's fixture)
+
+from nvalchemi_lammps import LennardJones, MessagePassing, save_model
+from nvalchemi_lammps.frontends.mliap_settings import CAPTURE_ENV, MliapSettings
+from nvalchemi_lammps.lammps_run import (
+    PRESSURE,
+    lammps_command,
+    read_dump,
+    read_results,
+    run_command,
+    run_lammps,
+    write_lammps_data,
+)
+from nvalchemi_lammps.reference import evaluate_reference
+
+#: What the pair style prints at the end of a run with ``capture yes`` on the CPU: captures
+#: during the run and in all, the capacities on rank 0.
+CAPTURED = re.compile(
+    r"pair_style nvalchemi: capture on the CPU \(no graphs\): (\d+) captured during this run, "
+    r"(\d+) in all; padded to (\d+) atoms and (\d+) pairs on rank 0"
+)
+#: What the session says at ``capture yes`` on the CPU, for model NAME (the growth of the
+#: capacities is the engine's to tune)
+CAPTURING = (
+    r"capture on the CPU \(padded buffers, no graphs\): {name}, padded to capacities that "
+    r"grow by \d+% when outgrown"
+)
+#: KOKKOS on, Kokkos's Serial space, for ML-IAP's KOKKOS variant
+KOKKOS = ["-k", "on", "t", "1", "-sf", "kk", "-pk", "kokkos", "newton", "on", "neigh", "half"]
+MASSES = [39.948, 20.1797]
+
+
+def test_mliap_capture_setting():
+    """``NVALCHEMI_LAMMPS_CAPTURE``: ``auto`` unless set, ``yes`` or ``no``; anything else
+    is refused with the allowed values."""
+    assert MliapSettings.from_environment({}).capture == "auto"
+    assert MliapSettings.from_environment({CAPTURE_ENV: "yes"}).capture == "yes"
+    assert MliapSettings.from_environment({CAPTURE_ENV: "no"}).capture == "no"
+    with pytest.raises(ValueError, match=re.escape(f"{CAPTURE_ENV} must be yes, no or auto")):
+        MliapSettings.from_environment({CAPTURE_ENV: "maybe"})
+
+
+def _md_script(model, processors: str, cells: int, steps: int) -> str:
+    """Thermal argon (4 x cells^3 atoms) under ``capture yes`` for ``steps`` steps while the
+    box shrinks by 15 %, then its last configuration evaluated captured (:func:`run0_evaluation`
+    ``captured``) and by a fresh pair style under ``capture no`` (``eager``)."""
+    script = textwrap.dedent(
+        f"""\
+        units metal
+        atom_style atomic
+        atom_modify map array
+        {processors}
+        lattice fcc 5.26
+        region box block 0 {cells} 0 {cells} 0 {cells}
+        create_box 1 box
+        create_atoms 1 box
+        mass 1 {AR_MASS}
+        velocity all create 300 4928459 loop geom
+        compute pe all pe/atom
+        compute stress all stress/atom NULL virial
+        thermo_style custom step pe {" ".join(PRESSURE)}
+        thermo {steps}
+        pair_style nvalchemi {model} capture yes
+        pair_coeff * * Ar
+        neighbor 1.0 bin
+        neigh_modify every 1 delay 0 check yes
+        fix nve all nve
+        fix shrink all deform 1 x scale 0.85 y scale 0.85 z scale 0.85 remap x
+        timestep 0.005
+        run 0
+        run {steps}
+        unfix shrink
+        unfix nve
+        """
+    )
+    script += run0_evaluation("captured")
+    script += f"pair_style nvalchemi {model} capture no\npair_coeff * * Ar\n"
+    return script + run0_evaluation("eager")
+
+
+#: the models of the MD runs, small enough for a few seconds per run on 2 cores
+MD_MODELS = {
+    "lennard_jones": lambda: LennardJones(
+        elements=["Ar"], epsilon={"Ar": AR_EPSILON}, sigma={"Ar": AR_SIGMA}, cutoff=6.5
+    ),
+    "message_passing": lambda: MessagePassing(["Ar"], cutoff=5.0, layers=2, features=8, seed=3),
+}
+
+#: (door, model, ranks, fcc cells per side, steps): the message-passing model's exchanges
+#: inside the captured step (one rank); Lennard-Jones on two ranks through both doors
+MD_CASES = [
+    ("nvalchemi", "message_passing", 1, 4, 200),
+    ("nvalchemi", "lennard_jones", 2, 5, 200),
+    ("nvalchemi/kk", "lennard_jones", 2, 5, 200),
+]
+
+
+@pytest.mark.lammps
+@pytest.mark.parametrize(
+    ("door", "model", "nprocs", "cells", "steps"),
+    MD_CASES,
+    ids=[f"{door.replace('/', '-')}-{model}-np{n}" for door, model, n, _, _ in MD_CASES],
+)
+def test_md_run_captured_equals_eager(door, model, nprocs, cells, steps, request, tmp_path):
+    potential = MD_MODELS[model]()
+    path = save_model(potential, tmp_path / "model.pt")
+    script = _md_script(path, "processors 2 1 1" if nprocs == 2 else "", cells, steps)
+    if door == "nvalchemi/kk":
+        run = request.getfixturevalue("kokkos_lammps").run(script, nprocs, tmp_path)
+    else:
+        run = run_lammps(script, nprocs, tmp_path, timeout=600)
+    run.check()
+    capturing = "pair_style nvalchemi: " + CAPTURING.format(name=potential.name) + "\n"
+    assert re.search(capturing, run.output), run.output[-3000:]
+    # run 0, the MD run, the captured evaluation; the eager pair style reports nothing
+    counts = [tuple(map(int, m)) for m in CAPTURED.findall(run.output)]
+    builds = neighbor_list_builds(run.output)
+    print(f"captures per run: {counts}; neighbor-list builds: {builds}")
+    assert len(counts) == 3, run.output[-3000:]
+    assert counts[0][:2] == (1, 1), "run 0 captures once"
+    assert builds[1] >= 10, "the run rebuilt no neighbor lists: the test shows nothing"
+    assert counts[1][0] >= 1 and counts[1][3] > counts[0][3], "the capacities never grew"
+    assert "runs eagerly" not in run.output
+    ids = range(1, 4 * cells**3 + 1)
+    captured = read_evaluation(tmp_path, run.output, "captured", ids)
+    eager = read_evaluation(tmp_path, run.output, "eager", ids)
+    label = f"capture/{door}/{potential.name}/np{nprocs}"
+    assert_runs_agree(label, captured, eager, tol=1e-10, stress=True)
+
+
+def _slab(workdir):
+    positions, cell, species = ar_ne_slab()
+    data = write_lammps_data(workdir / "slab.data", positions, cell, species + 1, MASSES)
+    return data, positions, cell, species
+
+
+@pytest.mark.lammps
+def test_exchange_between_ranks_runs_eagerly(tmp_path):
+    """Ghost features exchanged between two ranks (MPI mid-step) cannot be inside a CUDA
+    graph: the model runs eagerly, equals the reference, and the log says why."""
+    potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, features=12, seed=7)
+    path = save_model(potential, tmp_path / "mp.pt")
+    data, positions, cell, species = _slab(tmp_path)
+    ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
+    style = f"nvalchemi {path} strategy exchange capture yes"
+    script = comparison_script(data.name, style, "Ar Ne", "processors 1 1 2")
+    run = run_lammps(script, 2, tmp_path, timeout=600).check()
+    assert (
+        "pair_style nvalchemi: message_passing runs eagerly: its ghost features are exchanged "
+        "between ranks every layer\n" in run.output
+    ), run.output[-3000:]
+    assert not CAPTURED.search(run.output), "nothing was captured: no count to report"
+    atoms, glob = read_dump(tmp_path / "atoms.dump"), read_results(run.output)
+    assert_matches_reference("capture/exchange-eager/np2", atoms, glob, ref, cell)
+
+
+REFUSED = [
+    BadInput(
+        "capture_maybe",
+        ("pair_style nvalchemi capture must be yes, no or auto; got maybe",),
+        style_args="capture maybe",
+    ),
+    BadInput(
+        "capture_with_compile",
+        ("capture yes and compile exclude each other",),
+        style_args="capture yes compile default",
+    ),
+]
+
+
+@pytest.mark.lammps
+@pytest.mark.parametrize("case", REFUSED, ids=lambda c: c.id)
+def test_capture_refused(case, argon_data, models, tmp_path):
+    script = bad_input_script(case, models[case.model], argon_data)
+    assert_clear_error(case, run_lammps(script, 2, tmp_path, timeout=TIMEOUT))
+
+
+@pytest.mark.lammps
+def test_mliap_unified_captured(tmp_path):
+    """``NVALCHEMI_LAMMPS_CAPTURE=yes`` through KOKKOS ML-IAP on one rank: the
+    message-passing model's exchanges gathered inside the captured step; rank 0 says so
+    once; the reference's numbers."""
+    _, lmp, env = built_lammps("NVALCHEMI_LAMMPS_MLIAP")
+    potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, features=8, seed=2)
+    path = save_model(potential, tmp_path / "mp.pt")
+    data, positions, cell, species = _slab(tmp_path)
+    ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
+    (tmp_path / "in.lammps").write_text(
+        comparison_script(data.name, f"mliap unified {path} 0", "Ar Ne")
+    )
+    cmd = lammps_command(1, lmp) + KOKKOS + ["-in", "in.lammps"]
+    run = run_command(cmd, tmp_path, timeout=600, env={**env, CAPTURE_ENV: "yes"}).check()
+    line = "nvalchemi-lammps: ML-IAP: " + CAPTURING.format(name="message_passing")
+    assert len(re.findall(rf"{line} \({CAPTURE_ENV}\)\n", run.output)) == 1, run.output[-3000:]
+    assert "runs eagerly" not in run.output
+    atoms, glob = read_dump(tmp_path / "atoms.dump"), read_results(run.output)
+    assert_matches_reference("capture/mliap-kokkos/np1", atoms, glob, ref, cell)
