@@ -134,6 +134,18 @@ class Potential(torch.nn.Module):
         """
         raise ValueError(f"the {self.name} model cannot be compiled (no compile support)")
 
+    def prepare_capture(self) -> Potential:
+        """This potential (or an equal one) ready to be captured as CUDA graphs on padded
+        graphs (:class:`~nvalchemi_lammps.engine.CapturedPotential`): padding inert as
+        :meth:`prepare_compile` promises, and no host synchronization in the forward or
+        the backward (no ``.item()``, no shape that depends on values). The default is
+        :meth:`prepare_compile`'s potential; a potential whose own forward keeps those
+        promises returns itself and is captured with its own kernels.
+
+        :raises ValueError: the potential cannot run on padded graphs
+        """
+        return self.prepare_compile()
+
     def parts(self) -> list[Potential]:
         """The potentials evaluated one by one inside this one (a pipeline's terms); the
         potential itself by default."""

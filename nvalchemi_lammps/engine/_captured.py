@@ -108,6 +108,9 @@ class _Graphs:
             for _ in range(WARMUP):
                 energies = self.run()
                 self._gradients(energies, torch.ones_like(energies))
+            # the warm-up's autograd graph goes: its nodes for the leaves were made on this
+            # stream, and a capture on another would wait for it
+            del energies
         torch.cuda.current_stream().wait_stream(stream)
         self.pool = torch.cuda.graph_pool_handle()
         self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
@@ -149,17 +152,17 @@ class _Replay(torch.autograd.Function):
 
 
 class CapturedPotential(Potential):
-    """``potential`` (ready for padded graphs: :meth:`~Potential.prepare_compile`) captured
-    as CUDA graphs, a drop-in for it in :func:`evaluate`.
+    """``potential`` (ready for it: :meth:`~Potential.prepare_capture`) captured as CUDA
+    graphs, a drop-in for it in :func:`evaluate`.
 
-    :param potential: a potential whose :meth:`~Potential.prepare_compile` succeeds
+    :param potential: a potential whose :meth:`~Potential.prepare_capture` succeeds
     :param headroom: capacities are the first graph's sizes times ``1 + headroom``, and grow
         the same way when a graph outgrows them
     """
 
-    def __init__(self, potential: Potential, headroom: float = 0.2) -> None:
+    def __init__(self, potential: Potential, headroom: float = 0.05) -> None:
         super().__init__()
-        self.inner = potential.prepare_compile()
+        self.inner = potential.prepare_capture()
         self.name = potential.name
         self.spec = potential.spec
         self.system_state = potential.system_state
@@ -289,7 +292,7 @@ class CapturedPotential(Potential):
         self.captures += 1
 
 
-def capture_potential(potential: Potential, headroom: float = 0.2) -> Potential:
+def capture_potential(potential: Potential, headroom: float = 0.05) -> Potential:
     """``potential`` captured as CUDA graphs on padded graphs, a drop-in for it: wrapped in a
     :class:`CapturedPotential`, or, for a potential made of parts (a pipeline), the parts
     that can be (:meth:`Potential.compiled <nvalchemi_lammps.contract.Potential.compiled>`).

@@ -8,7 +8,8 @@ shapes stay the same from step to step. The padded rows are the owned ones, owne
 to the owned capacity, the ghosts, ghost padding: the owned rows stay a leading slice of a
 fixed length, so a potential computes energies, and with the exchange strategy every
 layer's features, on those rows only, as it does eagerly, instead of on every row. Padding
-atoms have species -1; padding pairs join the first owned padding atom to itself with a pair
+atoms have species -1; padding pairs join owned padding atoms to themselves (spread over
+them: scattering every padding pair into one row would serialize on atomics) with a pair
 vector longer than the cutoff. A potential that can run this way
 (:meth:`Potential.prepare_compile
 <nvalchemi_lammps.potentials.Potential.prepare_compile>`) gives such atoms and pairs zero
@@ -25,15 +26,18 @@ import torch
 from ..contract import Comm, LocalGraph
 
 
-def _capacity(count: int, headroom: float) -> int:
-    # a multiple of 64 rows above count + headroom (at least one padding row)
-    return 64 * math.ceil((count * (1.0 + headroom) + 1) / 64)
+def _capacity(count: int, headroom: float, old: int = 0, growth: float = 1.0) -> int:
+    # a multiple of 64 rows above count + headroom (at least one padding row), and at least
+    # growth x the old capacity
+    return 64 * math.ceil(max(count * (1.0 + headroom) + 1, old * growth) / 64)
 
 
 @dataclasses.dataclass
 class Capacities:
-    """Rows and pairs the padded graphs hold: the first graph's sizes times ``1 + headroom``,
-    grown the same way (so geometrically) when a graph outgrows them, never shrunk.
+    """Rows and pairs the padded graphs hold: the first graph's sizes times ``1 + headroom``
+    (a neighbor-list build moves them by a few percent), grown by at least ``growth`` (so
+    geometrically: a bounded number of captures or compilations per run) when a graph
+    outgrows them, never shrunk.
 
     There is always one owned padding row (the padding pairs' atom) and one padding pair,
     also on a rank without pairs: every rank's padded graph then reads the rows that it
@@ -41,7 +45,8 @@ class Capacities:
     ranks wait for.
     """
 
-    headroom: float = 0.2
+    headroom: float = 0.05
+    growth: float = 1.25
     owned: int = 0
     ghosts: int = 0
     pairs: int = 0
@@ -55,12 +60,13 @@ class Capacities:
         """Grow to hold ``graph``; whether anything grew."""
         nlocal, nghost, npairs = graph.nlocal, graph.ntotal - graph.nlocal, graph.npairs
         before = (self.owned, self.ghosts, self.pairs)
+        h, g = self.headroom, self.growth
         if nlocal >= self.owned:
-            self.owned = _capacity(nlocal, self.headroom)
+            self.owned = _capacity(nlocal, h, self.owned, g)
         if nghost > self.ghosts:
-            self.ghosts = _capacity(nghost, self.headroom)
+            self.ghosts = _capacity(nghost, h, self.ghosts, g)
         if npairs >= self.pairs:
-            self.pairs = _capacity(npairs, self.headroom)
+            self.pairs = _capacity(npairs, h, self.pairs, g)
         return (self.owned, self.ghosts, self.pairs) != before
 
 
@@ -92,7 +98,7 @@ def padded(graph: LocalGraph, capacities: Capacities, cutoff: float, comm: Comm)
     nlocal, nghost, npairs = graph.nlocal, graph.ntotal - graph.nlocal, graph.npairs
     owned, atoms, pairs = capacities.owned, capacities.atoms, capacities.pairs
     shift = owned - nlocal
-    padding = graph.pair_i.new_full((pairs - npairs,), nlocal)
+    padding = nlocal + torch.arange(pairs - npairs, device=graph.pair_i.device) % shift
 
     def placed(index: torch.Tensor) -> torch.Tensor:
         moved = index + shift * (index >= nlocal) if nghost else index  # ghosts' rows

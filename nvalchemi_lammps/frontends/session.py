@@ -191,7 +191,7 @@ class Session:
         captured = ", ".join(m.name for m in self._captured())
         eager = [t.name for t in self.potential.parts() if not isinstance(t, CapturedPotential)]
         how = "CUDA graphs" if gpu else "capture on the CPU (padded buffers, no graphs)"
-        return f"{how}: {captured}, padded to capacities that grow by 20% when outgrown" + (
+        return f"{how}: {captured}, padded to capacities that grow by 25% when outgrown" + (
             f"; eager: {', '.join(eager)}" if eager else ""
         )
 

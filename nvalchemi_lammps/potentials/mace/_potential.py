@@ -366,5 +366,12 @@ class Mace(Potential):
         object.__setattr__(compiled, "_cueq_stale", False)
         return compiled
 
+    def prepare_capture(self) -> Mace:
+        """Itself: its forward masks NULL atoms, MACE's radial cutoff is zero beyond
+        ``r_max``, and neither e3nn's generated code nor cuEquivariance's kernels
+        synchronize with the host, so a capture keeps them (the compiler cannot trace
+        them: :meth:`prepare_compile`)."""
+        return self
+
     def forward(self, graph: LocalGraph) -> torch.Tensor:
         return _node_energies(self.network, graph, self.head_index, self.spec.torch_dtype)
