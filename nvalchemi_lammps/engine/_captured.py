@@ -87,6 +87,8 @@ class _Graphs:
         self.run, self.leaves = run, leaves
         self.cuda = leaves[0].is_cuda
         self.energies: torch.Tensor | None = None
+        #: forward replays so far: a backward belongs to the last one (its activations)
+        self.replays = 0
         self.grad_out: torch.Tensor | None = None
         self.grads: list[torch.Tensor] = []
         self._capture()
@@ -121,6 +123,7 @@ class _Graphs:
             self.grads = self._gradients(self.energies, self.grad_out)
 
     def forward(self) -> torch.Tensor:
+        self.replays += 1
         if self.cuda:
             self.forward_graph.replay()
         else:
@@ -144,10 +147,17 @@ class _Replay(torch.autograd.Function):
         for static, given in zip(graphs.leaves, inputs):
             static.copy_(given)
         ctx.graphs = graphs
-        return graphs.forward().clone()  # the next replay overwrites its output
+        energies = graphs.forward().clone()  # the next replay overwrites its output
+        ctx.replay = graphs.replays
+        return energies
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        if ctx.replay != ctx.graphs.replays:
+            raise RuntimeError(
+                "a captured potential's backward must follow its own forward: another forward "
+                "replayed the graphs in between (their activations are shared)"
+            )
         return (None, *(g.clone() for g in ctx.graphs.backward(grad_out)))
 
 
