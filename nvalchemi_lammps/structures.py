@@ -88,6 +88,72 @@ def build_lattice(
     return positions, cell, types
 
 
+#: Columns of an Atoms row (after the ID) by atom style: where the type and x are.
+_ATOM_COLUMNS = {
+    "atomic": (1, 2),
+    "charge": (1, 3),
+    "bond": (2, 3),
+    "angle": (2, 3),
+    "molecular": (2, 3),
+    "full": (2, 4),
+}
+
+
+def read_data_atoms(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Positions (by atom ID, from the box origin, wrapped into the box), cell and types of
+    a LAMMPS data file of atom style atomic, charge, bond, angle, molecular or full (as its
+    ``Atoms # style`` comment says; atomic when it says none).
+
+    :raises ValueError: another atom style, or a file without atoms, box or Atoms section
+    """
+    style = read_data_header(path).atom_style
+    if style not in _ATOM_COLUMNS:
+        raise ValueError(
+            f"data file {path}: atom style {style} is not read here "
+            f"(one of {', '.join(_ATOM_COLUMNS)})"
+        )
+    type_column, x_column = _ATOM_COLUMNS[style]
+    lines = Path(path).read_text().splitlines()
+    natoms, bounds, tilt = None, {}, (0.0, 0.0, 0.0)
+    start = None
+    for k, line in enumerate(lines[1:], start=1):
+        words = line.split("#", 1)[0].split()
+        if words[-2:] in (["xlo", "xhi"], ["ylo", "yhi"], ["zlo", "zhi"]):
+            bounds[words[-2][0]] = (float(words[0]), float(words[1]))
+        elif words[-3:] == ["xy", "xz", "yz"]:
+            tilt = (float(words[0]), float(words[1]), float(words[2]))
+        elif words[1:] == ["atoms"]:
+            natoms = int(words[0])
+        elif words == ["Atoms"]:
+            start = k + 1
+            break
+    if natoms is None or sorted(bounds) != ["x", "y", "z"]:
+        raise ValueError(f"data file {path} does not say how many atoms or which box")
+    rows = [line.split("#", 1)[0].split() for line in lines[start:]]
+    rows = [words for words in rows if words][:natoms]
+    table = np.array([[float(w) for w in words[: x_column + 3]] for words in rows])
+    table = table[np.argsort(table[:, 0])]
+    (xlo, xhi), (ylo, yhi), (zlo, zhi) = bounds["x"], bounds["y"], bounds["z"]
+    xy, xz, yz = tilt
+    cell = np.array([[xhi - xlo, 0.0, 0.0], [xy, yhi - ylo, 0.0], [xz, yz, zhi - zlo]])
+    positions = table[:, x_column : x_column + 3] - np.array([xlo, ylo, zlo])
+    fractions = (positions @ np.linalg.inv(cell)) % 1.0
+    return fractions @ cell, cell, table[:, type_column].astype(np.int64)
+
+
+def replicate(
+    positions: np.ndarray, cell: np.ndarray, types: np.ndarray, copies: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``copies`` x ``copies`` x ``copies`` periodic images of a box (as LAMMPS's
+    ``replicate``): positions, the larger cell and the types, image by image."""
+    shifts = np.array(list(np.ndindex(copies, copies, copies)), dtype=np.float64) @ cell
+    return (
+        (shifts[:, None, :] + positions[None]).reshape(-1, 3),
+        cell * copies,
+        np.tile(types, len(shifts)),
+    )
+
+
 def element_masses(elements: list[str], needed: bool) -> list[float]:
     """Mass of each element from ``ase.data``; 1.0 where unknown and not ``needed``
     (step 0 does not depend on masses)."""

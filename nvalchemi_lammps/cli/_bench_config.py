@@ -33,9 +33,10 @@ class Style:
 class BenchConfig:
     name: str
     model: dict[str, Any]
-    lattice: str
     atoms: list[int]
     elements: list[str]
+    lattice: str = ""  # KIND:A, a crystal of random types; or `data`
+    data: Path | None = None  # a LAMMPS data file, replicated to the sizes (types: elements)
     styles: list[Style] = field(default_factory=lambda: [Style("nvalchemi", "nvalchemi")])
     ranks: list[int] = field(default_factory=lambda: [1, 2, 4])
     steps: int = 50
@@ -111,10 +112,16 @@ def read_bench_config(path: Path) -> BenchConfig:
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"{path}: unknown key(s) {', '.join(unknown)}")
-    missing = [k for k in ("name", "model", "lattice", "atoms", "elements") if k not in data]
+    missing = [k for k in ("name", "model", "atoms", "elements") if k not in data]
+    if "lattice" not in data and "data" not in data:
+        missing.append("lattice (or data)")
     if missing:
         raise ValueError(f"{path}: missing key(s) {', '.join(missing)}")
+    if "lattice" in data and "data" in data:
+        raise ValueError(f"{path}: lattice or data, not both")
     folder = path.resolve().parent
+    if data.get("data") is not None:
+        data["data"] = folder / Path(data["data"]).expanduser()
     if "styles" in data:
         data["styles"] = [_style(entry, path) for entry in data["styles"]]
     if data.get("lammps") is not None:
@@ -156,6 +163,43 @@ def with_overrides(config: BenchConfig, where: Path, **values: Any) -> BenchConf
     return config
 
 
+def build_system(config: BenchConfig, wanted: int):
+    """About ``wanted`` atoms of the configured system: ``(copies, positions, cell,
+    types)``, the lattice's crystal of ``copies`` cells per side (types random, seeded by
+    ``copies``, or checkerboard), or the data file's box replicated ``copies`` times per
+    side.
+
+    :raises ValueError: a bad lattice, an unreadable data file, types beyond ``elements``
+    """
+    import numpy as np
+
+    from ..structures import build_lattice, parse_lattice, read_data_atoms, replicate
+
+    if config.data is not None:
+        try:
+            box = read_data_atoms(config.data)
+        except OSError as err:
+            raise ValueError(f"cannot read {config.data}: {err.strerror}") from None
+        if box[2].max() > len(config.elements):
+            raise ValueError(
+                f"{config.data} has {box[2].max()} atom types, elements names "
+                f"{len(config.elements)}"
+            )
+        copies = max(1, round((wanted / len(box[0])) ** (1.0 / 3.0)))
+        return (copies, *replicate(*box, copies))
+    kind, _, constant = config.lattice.partition(":")
+    per_cell = len(build_lattice(parse_lattice(f"{kind}:{constant}:1"), 1, 0)[0])
+    copies = max(1, round((wanted / per_cell) ** (1.0 / 3.0)))
+    lattice = parse_lattice(f"{kind}:{constant}:{copies}")
+    positions, cell, types = build_lattice(lattice, len(config.elements), seed=copies)
+    if config.types == "checkerboard":
+        # alternating types by site parity (rock salt on an even sc lattice): the sites are
+        # the positions rounded to the lattice
+        sites = np.rint(positions / lattice.constant).astype(int) % copies
+        types = sites.sum(axis=1) % len(config.elements) + 1
+    return copies, positions, cell, types
+
+
 def build_model(config: BenchConfig, path: Path):
     """Write the configured model to ``path``; returns the potential."""
     from .. import load_model, save_model
@@ -181,13 +225,18 @@ def build_model(config: BenchConfig, path: Path):
 def save_mace_torch_model(potential, path: Path, device: str) -> Path:
     """mace-torch's own ML-IAP class (``LAMMPS_MLIAP_MACE``) on the same network and dtype
     as ``potential`` (a MACE of this package), as ``mace_create_lammps_model --format=mliap``
-    writes it without a kernel conversion.
+    writes it: on cuEquivariance's kernels where ``potential`` runs them on ``device``
+    (``kernels`` cuequivariance, or auto on a CUDA device with cuEquivariance's kernels
+    installed; mace-torch's converter, as that command converts), else on e3nn's.
 
     :raises ValueError: ``potential`` holds no mace-torch network, or mace-torch is missing
     """
     import copy
+    import os
 
     import torch
+
+    from ..potentials.mace._kernels import _auto_uses_cuequivariance, _to_cuequivariance
 
     network = getattr(potential, "model", None)
     if not isinstance(network, torch.nn.Module):
@@ -198,9 +247,12 @@ def save_mace_torch_model(potential, path: Path, device: str) -> Path:
         from mace.calculators.lammps_mliap_mace import LAMMPS_MLIAP_MACE
     except ImportError:
         raise ValueError("the mace-torch style needs mace-torch: pip install mace-torch") from None
-    import os
-
     network = copy.deepcopy(network).to(getattr(torch, potential.spec.dtype))
+    kernels = potential.config().get("kernels", "e3nn")
+    if kernels == "cuequivariance" or (
+        kernels == "auto" and _auto_uses_cuequivariance(torch.device(device))
+    ):
+        network = _to_cuequivariance(network, torch.device("cpu"))
     network.lammps_mliap = True
     # the class reads MACE_ALLOW_CPU when it is made: without it, it refuses a KOKKOS host run
     before = os.environ.get("MACE_ALLOW_CPU")

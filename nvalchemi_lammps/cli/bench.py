@@ -20,6 +20,8 @@ torch.profiler table of each style's last timed run.
     model: {potential: lennard_jones, ...}   # or {file: argon.pt},
                                              # or {python: "models.py:build", args: {...}}
     lattice: fcc:5.26                        # KIND:A; sizes are approximate atom counts
+                                             # (or data: FILE, a LAMMPS data file
+                                             # replicated to the sizes)
     atoms: [4000]
     elements: [Ar]                           # one per LAMMPS type
     ranks: [1]
@@ -58,6 +60,7 @@ from ._bench_config import (
     BenchConfig,
     Style,
     build_model,
+    build_system,
     read_bench_config,
     save_mace_torch_model,
     with_overrides,
@@ -213,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from ..lammps_run import write_lammps_data
-    from ..structures import build_lattice, element_masses, parse_lattice
+    from ..structures import element_masses
 
     try:
         config = with_overrides(
@@ -228,13 +231,11 @@ def run(args: argparse.Namespace) -> int:
             gpus=args.gpus,
             profile=args.profile,
         )
-        kind, _, constant = config.lattice.partition(":")
-        probe = parse_lattice(f"{kind}:{constant}:1")
+        build_system(config, 1)  # the lattice or data file, checked
     except ValueError as err:
         print(f"error: {err}")
         return 2
     masses = element_masses(config.elements, needed=True)
-    per_cell = len(build_lattice(probe, 1, 0)[0])
     rows: list[Row] = []
     failed = []
     args.out.mkdir(parents=True, exist_ok=True)
@@ -252,14 +253,7 @@ def run(args: argparse.Namespace) -> int:
         tolerance = config.tolerance or (1e-10 if potential.spec.dtype == "float64" else 1e-5)
         total, done = len(config.atoms) * len(config.ranks), 0
         for wanted in config.atoms:
-            cells = max(1, round((wanted / per_cell) ** (1.0 / 3.0)))
-            lattice = parse_lattice(f"{kind}:{constant}:{cells}")
-            positions, cell, types = build_lattice(lattice, len(config.elements), seed=cells)
-            if config.types == "checkerboard":
-                # alternating types by site parity (rock salt on an even sc lattice):
-                # the sites are the positions rounded to the lattice
-                sites = np.rint(positions / lattice.constant).astype(int) % cells
-                types = sites.sum(axis=1) % len(config.elements) + 1
+            cells, positions, cell, types = build_system(config, wanted)
             data = write_lammps_data(tmp / f"{cells}.data", positions, cell, types, masses)
             system = tmp / f"{cells}.npz"
             np.savez(system, positions=positions, cell=cell, types=types)
