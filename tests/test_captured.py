@@ -72,7 +72,6 @@ def _dftd3():
 
 
 POTENTIALS = {
-    "lennard_jones": lambda: lennard_jones(fcc_argon_222(), cutoff=6.0),
     "message_passing": lambda: MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, seed=3),
     "mace": _mace,
     "dftd3": _dftd3,
@@ -184,7 +183,7 @@ def test_exchanges_between_ranks_run_eagerly():
     graph = _graph(fcc_argon_222(), 5.0, RemoteComm)
     _assert_same(evaluate(captured, graph), evaluate(potential, graph))
     assert captured.captures == 0
-    assert "exchanged between ranks" in captured.eager_reason
+    assert "exchanged through LAMMPS's communication" in captured.eager_reason
 
 
 class _Summing(Potential):
@@ -221,8 +220,16 @@ def test_sums_over_ranks():
     assert remote.comm.sums == 2  # the eager forward and backward sum for real
 
 
+def test_closed_forms_stay_eager():
+    """A pair potential's closed form runs a few kernels on a half list, eagerly: not
+    captured, saying why."""
+    with pytest.raises(ValueError, match="closed form"):
+        CapturedPotential(lennard_jones(fcc_argon_222(), cutoff=6.0))
+
+
 def test_pipeline_captures_its_parts():
-    """A pipeline's terms that run on padded graphs are captured one by one."""
+    """A pipeline's terms that run on padded graphs are captured one by one; a closed form
+    stays eager."""
     pipeline = Pipeline(
         [
             MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=2, seed=3),
@@ -230,7 +237,7 @@ def test_pipeline_captures_its_parts():
         ]
     )
     captured = capture_potential(pipeline)
-    assert sum(isinstance(m, CapturedPotential) for m in captured.modules()) == 2
+    assert sum(isinstance(m, CapturedPotential) for m in captured.modules()) == 1
     graph = _graph(fcc_argon_222(), 6.0)
     _assert_same(evaluate(captured, graph), evaluate(pipeline, graph))
 

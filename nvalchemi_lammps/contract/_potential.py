@@ -144,7 +144,13 @@ class Potential(torch.nn.Module):
 
         :raises ValueError: the potential cannot run on padded graphs
         """
-        return self.prepare_compile()
+        try:
+            return self.prepare_compile()
+        except ValueError as cannot:
+            raise ValueError(
+                f"the {self.name} model cannot be captured (it does not run on padded graphs: "
+                "no compile or capture support)"
+            ) from cannot
 
     def parts(self) -> list[Potential]:
         """The potentials evaluated one by one inside this one (a pipeline's terms); the

@@ -172,6 +172,13 @@ class CapturedPotential(Potential):
 
     def __init__(self, potential: Potential, headroom: float = 0.05) -> None:
         super().__init__()
+        if potential.symmetric_pair_terms:
+            # a closed form (pair_terms) runs a few kernels without autograd, on half the
+            # pairs: captured, it would run the forward and backward on every pair
+            raise ValueError(
+                f"the {potential.name} model has a closed form, which runs eagerly in a few "
+                "kernels on a half neighbor list"
+            )
         self.inner = potential.prepare_capture()
         self.name = potential.name
         self.spec = potential.spec
@@ -221,7 +228,9 @@ class CapturedPotential(Potential):
         comm = graph.comm
         owners = comm.local_owners(graph.rij.device) if comm.exchange else None
         if comm.exchange and owners is None:
-            raise NotCapturable("its ghost features are exchanged between ranks every layer")
+            raise NotCapturable(
+                "its ghost features are exchanged through LAMMPS's communication every layer"
+            )
         key = _Key(
             graph.rij.dtype,
             comm.exchange,
