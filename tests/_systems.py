@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from nvalchemi_lammps import LennardJones, LocalGraph
+from nvalchemi_lammps.contract import AdjointComm
 from nvalchemi_lammps.reference import neighbor_pairs
 
 ARGON = {"epsilon": 0.0104, "sigma": 3.40}
@@ -73,6 +74,22 @@ def fcc_argon_222() -> System:
     positions = _rattled(frac, cell, 0.2, seed=2)
     species = np.random.default_rng(3).integers(0, 2, size=len(frac)).astype(np.int64)
     return System("fcc_ar_ne_222", positions, cell, (True, True, True), species, ("Ar", "Ne"))
+
+
+def fewer_atoms(removed: int, seed: int) -> System:
+    """fcc argon (2x2x2) without ``removed`` of its atoms, picked at random: another owned,
+    ghost and pair count for graphs padded to capacities."""
+    rng = np.random.default_rng(seed)
+    system = fcc_argon_222()
+    keep = np.sort(rng.choice(system.natoms, system.natoms - removed, replace=False))
+    return System(
+        "fewer",
+        system.positions[keep],
+        system.cell,
+        system.pbc,
+        system.species[keep],
+        system.elements,
+    )
 
 
 def triclinic_ar_ne() -> System:
@@ -141,6 +158,29 @@ def lennard_jones(system: System, cutoff: float = 8.5, **kwargs) -> LennardJones
 
 
 # --- a hand-made multi-rank decomposition -------------------------------------------------
+
+
+class OneRankComm(AdjointComm):
+    """One rank whose ghosts image its own atoms (``owner``: each row's owned row): the
+    exchanges copy each ghost row from that row and sum it back (``local_owners``, which a
+    captured step holds), sums over ranks are the identity."""
+
+    def __init__(self, owner: np.ndarray, exchange: bool = True, device: str = "cpu") -> None:
+        self.owner = torch.from_numpy(owner).to(device)
+        self.exchange = exchange
+        self.one_rank = True
+
+    def local_owners(self, device: torch.device) -> torch.Tensor | None:
+        return self.owner.to(device)
+
+    def _forward(self, src: torch.Tensor) -> torch.Tensor:
+        return src[self.owner]
+
+    def _reverse(self, src: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(src).index_add_(0, self.owner, src)
+
+    def _sum(self, x: torch.Tensor) -> torch.Tensor:
+        return x
 
 
 @dataclass(frozen=True)

@@ -11,34 +11,19 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from _systems import decompose, decompose_shell, fcc_argon_222, lennard_jones
+from _systems import (
+    OneRankComm,
+    decompose,
+    decompose_shell,
+    fcc_argon_222,
+    fewer_atoms,
+    lennard_jones,
+)
 
 from nvalchemi_lammps import MessagePassing, ModelSpec, Pipeline, Potential, evaluate
-from nvalchemi_lammps.contract import AdjointComm, NoOpComm
+from nvalchemi_lammps.contract import NoOpComm
 from nvalchemi_lammps.engine import CapturedPotential, capture_potential
 from nvalchemi_lammps.frontends.session import Session
-
-
-class OneRankComm(AdjointComm):
-    """One rank whose ghosts image its own atoms: exchanges copy each ghost row from the
-    owned row it images (``local_owners``), sums over ranks are the identity."""
-
-    def __init__(self, owner: np.ndarray, exchange: bool = True) -> None:
-        self.owner = torch.from_numpy(owner)
-        self.exchange = exchange
-        self.one_rank = True
-
-    def local_owners(self, device: torch.device) -> torch.Tensor:
-        return self.owner.to(device)
-
-    def _forward(self, src: torch.Tensor) -> torch.Tensor:
-        return src[self.owner]
-
-    def _reverse(self, src: torch.Tensor) -> torch.Tensor:
-        return torch.zeros_like(src).index_add_(0, self.owner, src)
-
-    def _sum(self, x: torch.Tensor) -> torch.Tensor:
-        return x
 
 
 class RemoteComm(OneRankComm):
@@ -93,20 +78,6 @@ def _assert_same(got, want, rtol=1e-12):
     assert float((got.atom_energies - want.atom_energies).abs().max()) <= rtol * energies
 
 
-def _fewer_atoms(removed: int, seed: int):
-    rng = np.random.default_rng(seed)
-    system = fcc_argon_222()
-    keep = np.sort(rng.choice(system.natoms, system.natoms - removed, replace=False))
-    return type(system)(
-        "fewer",
-        system.positions[keep],
-        system.cell,
-        system.pbc,
-        system.species[keep],
-        system.elements,
-    )
-
-
 @pytest.mark.parametrize(
     "make",
     [
@@ -137,7 +108,7 @@ def test_capture_again_only_when_outgrown():
     _assert_same(evaluate(captured, graph), evaluate(potential, graph))
     capacities = (captured.atom_capacity, captured.pair_capacity)
 
-    fewer = _graph(_fewer_atoms(3, seed=1), 5.0)
+    fewer = _graph(fewer_atoms(3, seed=1), 5.0)
     assert fewer.nlocal != graph.nlocal and fewer.npairs < graph.npairs
     _assert_same(evaluate(captured, fewer), evaluate(potential, fewer))
     assert captured.captures == 1
@@ -160,7 +131,7 @@ def test_padding_is_inert_in_the_static_buffers():
     captured = CapturedPotential(potential, headroom=0.0)
     dense = _graph(fcc_argon_222().strained(np.eye(3) * -0.1), 5.0)
     evaluate(captured, dense)
-    graph = _graph(_fewer_atoms(5, seed=3), 5.0)
+    graph = _graph(fewer_atoms(5, seed=3), 5.0)
     _assert_same(evaluate(captured, graph), evaluate(potential, graph))
     assert captured.captures == 1
 

@@ -7,7 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _systems import decompose, decompose_shell, fcc_argon_222, lennard_jones, triclinic_ar_ne
+from _systems import (
+    decompose,
+    decompose_shell,
+    fcc_argon_222,
+    fewer_atoms,
+    lennard_jones,
+    triclinic_ar_ne,
+)
 
 from nvalchemi_lammps import LocalGraph, MessagePassing, ModelSpec, Pipeline, Potential, evaluate
 from nvalchemi_lammps.contract import Comm, NoOpComm, with_adjoint
@@ -74,21 +81,6 @@ def _graph(system, cutoff):
     return graph, OwnerComm(graph.owner, graph.nlocal)
 
 
-def _fewer_atoms(removed: int, seed: int):
-    """fcc argon without ``removed`` of its atoms, picked at random."""
-    rng = np.random.default_rng(seed)
-    system = fcc_argon_222()
-    keep = np.sort(rng.choice(system.natoms, system.natoms - removed, replace=False))
-    return type(system)(
-        "fewer",
-        system.positions[keep],
-        system.cell,
-        system.pbc,
-        system.species[keep],
-        system.elements,
-    )
-
-
 def _mace():
     from _mace_models import random_mace
 
@@ -145,7 +137,7 @@ def test_exchange_strategy_on_owned_rows(name):
     _assert_same(_evaluate(compiled, graph, comm), _evaluate(potential, graph, comm))
     assert comm.calls == 4 * (potential.spec.layers - 1)  # both ran the exchanges
 
-    graph2 = decompose(_fewer_atoms(2, seed=2), potential.spec.cutoff, 1)[0]
+    graph2 = decompose(fewer_atoms(2, seed=2), potential.spec.cutoff, 1)[0]
     assert graph2.nlocal != graph.nlocal and graph2.ntotal != graph.ntotal
     comm2 = ExchangeComm(graph2.owner, graph2.nlocal)
     _assert_same(_evaluate(compiled, graph2, comm2), _evaluate(potential, graph2, comm2))
@@ -181,7 +173,7 @@ def test_graphs_within_capacity_do_not_recompile():
     capacities = (compiled.atom_capacity, compiled.pair_capacity)
 
     # fewer atoms and pairs, another nlocal: the same compiled graph
-    graph2, comm2 = _graph(_fewer_atoms(3, seed=1), 5.0)
+    graph2, comm2 = _graph(fewer_atoms(3, seed=1), 5.0)
     assert graph2.nlocal != graph.nlocal and len(graph2.pair_i) < len(graph.pair_i)
     _assert_same(_evaluate(compiled, graph2, comm2), _evaluate(potential, graph2, comm2))
     assert compiled.compilations == 1

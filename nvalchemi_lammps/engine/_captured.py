@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ..contract import AdjointComm, LocalGraph, Potential
-from ._padding import Capacities, padded, padded_owner_rows, unpadded
+from ._padding import Capacities, PaddedPotential, padded, padded_owner_rows, unpadded
 
 #: warm-up runs before a capture: lazy initialization (cuBLAS handles, kernel autotuning,
 #: TorchScript's profiling runs) must happen outside the graph
@@ -161,7 +161,7 @@ class _Replay(torch.autograd.Function):
         return (None, *(g.clone() for g in ctx.graphs.backward(grad_out)))
 
 
-class CapturedPotential(Potential):
+class CapturedPotential(PaddedPotential):
     """``potential`` (ready for it: :meth:`~Potential.prepare_capture`) captured as CUDA
     graphs, a drop-in for it in :func:`evaluate`.
 
@@ -171,7 +171,6 @@ class CapturedPotential(Potential):
     """
 
     def __init__(self, potential: Potential, headroom: float = 0.05) -> None:
-        super().__init__()
         if potential.symmetric_pair_terms:
             # a closed form (pair_terms) runs a few kernels without autograd, on half the
             # pairs: captured, it would run the forward and backward on every pair
@@ -179,12 +178,7 @@ class CapturedPotential(Potential):
                 f"the {potential.name} model has a closed form, which runs eagerly in a few "
                 "kernels on a half neighbor list"
             )
-        self.inner = potential.prepare_capture()
-        self.name = potential.name
-        self.spec = potential.spec
-        self.system_state = potential.system_state
-        self.periodicity = potential.periodicity
-        self.capacities = Capacities(float(headroom))
+        super().__init__(potential.prepare_capture(), potential, Capacities(float(headroom)))
         #: captures so far (one forward and one backward graph each)
         self.captures = 0
         #: why this potential runs eagerly after all (``None`` while it is captured)
@@ -192,25 +186,6 @@ class CapturedPotential(Potential):
         self._graphs: _Graphs | None = None
         self._key: _Key | None = None
         self._static: dict[str, Any] = {}
-
-    def config(self) -> dict[str, Any]:
-        return self.inner.config()
-
-    def check_system_state(self, spin: int | None, task: str | None) -> None:
-        self.inner.check_system_state(spin, task)
-
-    def check_box(self, pbc: tuple[bool, bool, bool]) -> None:
-        self.inner.check_box(pbc)
-
-    @property
-    def atom_capacity(self) -> int:
-        """Rows of the padded graphs."""
-        return self.capacities.atoms
-
-    @property
-    def pair_capacity(self) -> int:
-        """Pairs of the padded graphs."""
-        return self.capacities.pairs
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:
         if self.eager_reason is None:

@@ -21,7 +21,7 @@ import torch
 from torch.fx.node import has_side_effect
 
 from ..contract import Comm, LocalGraph, Potential
-from ._padding import Capacities, padded, unpadded
+from ._padding import Capacities, PaddedPotential, padded, unpadded
 
 #: ``torch.compile`` modes a pair style may ask for (``pair_style nvalchemi ... compile M``)
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -111,7 +111,7 @@ def _check_mode(mode: str) -> None:
         )
 
 
-class CompiledPotential(Potential):
+class CompiledPotential(PaddedPotential):
     """``potential`` compiled once for padded graphs; a drop-in for it in :func:`evaluate`.
 
     :param potential: a potential whose :meth:`~Potential.prepare_compile` succeeds
@@ -121,15 +121,9 @@ class CompiledPotential(Potential):
     """
 
     def __init__(self, potential: Potential, mode: str = "default", headroom: float = 0.2):
-        super().__init__()
         _check_mode(mode)
-        self.inner = potential.prepare_compile()
-        self.name = potential.name
-        self.spec = potential.spec
-        self.system_state = potential.system_state
-        self.periodicity = potential.periodicity
+        super().__init__(potential.prepare_compile(), potential, Capacities(float(headroom)))
         self.mode = mode
-        self.capacities = Capacities(float(headroom))
         #: graphs compiled so far (forward graphs; each brings its backward)
         self.compilations = 0
         self._comm = _TracedComm()
@@ -150,25 +144,6 @@ class CompiledPotential(Potential):
         # attempt (an exception that restarts the trace) and compile the frame again
         self.compilations += 1
         return compiled
-
-    def config(self) -> dict[str, Any]:
-        return self.inner.config()
-
-    def check_system_state(self, spin: int | None, task: str | None) -> None:
-        self.inner.check_system_state(spin, task)
-
-    def check_box(self, pbc: tuple[bool, bool, bool]) -> None:
-        self.inner.check_box(pbc)
-
-    @property
-    def atom_capacity(self) -> int:
-        """Rows of the padded graphs."""
-        return self.capacities.atoms
-
-    @property
-    def pair_capacity(self) -> int:
-        """Pairs of the padded graphs."""
-        return self.capacities.pairs
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:
         self.capacities.fit(graph)

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import torch
 
-from ..contract import Comm, LocalGraph
+from ..contract import Comm, LocalGraph, Potential
 
 
 def _capacity(count: int, headroom: float, old: int = 0, growth: float = 1.0) -> int:
@@ -125,3 +126,37 @@ def padded(graph: LocalGraph, capacities: Capacities, cutoff: float, comm: Comm)
 def unpadded(energies: torch.Tensor, nlocal: int, nghost: int, owned: int) -> torch.Tensor:
     """Per-row energies of a padded graph back in the graph's own rows."""
     return torch.cat((energies[:nlocal], energies[owned : owned + nghost]))
+
+
+class PaddedPotential(Potential):
+    """What a compiled and a captured potential share: the potential they run (``inner``,
+    prepared for padded graphs), standing in for it (name, spec, checks), and the
+    capacities its graphs are padded to."""
+
+    def __init__(self, inner: Potential, like: Potential, capacities: Capacities) -> None:
+        super().__init__()
+        self.inner = inner
+        self.name = like.name
+        self.spec = like.spec
+        self.system_state = like.system_state
+        self.periodicity = like.periodicity
+        self.capacities = capacities
+
+    def config(self) -> dict[str, Any]:
+        return self.inner.config()
+
+    def check_system_state(self, spin: int | None, task: str | None) -> None:
+        self.inner.check_system_state(spin, task)
+
+    def check_box(self, pbc: tuple[bool, bool, bool]) -> None:
+        self.inner.check_box(pbc)
+
+    @property
+    def atom_capacity(self) -> int:
+        """Rows of the padded graphs."""
+        return self.capacities.atoms
+
+    @property
+    def pair_capacity(self) -> int:
+        """Pairs of the padded graphs."""
+        return self.capacities.pairs

@@ -9,38 +9,15 @@ import importlib.util
 
 import numpy as np
 import pytest
-import torch
-from _systems import decompose, fcc_argon_222
+from _systems import OneRankComm, decompose, fcc_argon_222
 
 from nvalchemi_lammps import MessagePassing, evaluate
-from nvalchemi_lammps.contract import AdjointComm
 from nvalchemi_lammps.engine import CapturedPotential
-
-
-class OneRankComm(AdjointComm):
-    """One rank whose ghosts image its own atoms (as tests/test_captured.py's)."""
-
-    def __init__(self, owner: np.ndarray) -> None:
-        self.owner = torch.from_numpy(owner).cuda()
-        self.exchange = True
-        self.one_rank = True
-
-    def local_owners(self, device: torch.device) -> torch.Tensor:
-        return self.owner.to(device)
-
-    def _forward(self, src: torch.Tensor) -> torch.Tensor:
-        return src[self.owner]
-
-    def _reverse(self, src: torch.Tensor) -> torch.Tensor:
-        return torch.zeros_like(src).index_add_(0, self.owner, src)
-
-    def _sum(self, x: torch.Tensor) -> torch.Tensor:
-        return x
 
 
 def _graph(system, cutoff):
     rank = decompose(system, cutoff, 1)[0]
-    graph = rank.local_graph(OneRankComm(rank.owner))
+    graph = rank.local_graph(OneRankComm(rank.owner, device="cuda"))
     return type(graph)(
         graph.nlocal,
         graph.species.cuda(),
