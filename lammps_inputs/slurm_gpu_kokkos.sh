@@ -2,6 +2,8 @@
 # Argon through pair_style nvalchemi/kk on GPU nodes: one MPI rank per GPU, atoms, neighbor
 # lists and the model on the GPUs. Needs a KOKKOS LAMMPS and the plugin compiled against it
 # (tools/build_lammps_kokkos.sh and tools/build_plugin_kokkos.sh, docs/kokkos_build.md).
+# The same lines run in.alloy_mace and in.water_uma (their headers make the model files),
+# and, with -var door mliap, pair_style mliap unified.
 #
 #   sbatch slurm_gpu_kokkos.sh
 #   PREFIX=/path/to/lammps-kokkos VENV=/path/to/venv sbatch slurm_gpu_kokkos.sh
@@ -38,7 +40,11 @@ cd "$SLURM_SUBMIT_DIR"
 [ -f argon.pt ] || "$VENV/bin/nvalchemi-lammps" export --default -o argon.pt
 
 # Every rank sees all the node's GPUs and KOKKOS gives rank i of the node GPU i (SLURM_LOCALID
-# modulo g): do not bind GPUs per task. -sf kk makes pair_style nvalchemi nvalchemi/kk;
-# newton on is required. With a GPU-aware MPI, add gpu/aware on after neigh half.
-srun lmp -k on g "${SLURM_GPUS_ON_NODE:-4}" -sf kk -pk kokkos newton on neigh half \
+# modulo g): --gpu-bind=none keeps a site's default per-task binding off (a rank that saw
+# one GPU would be asked for device 1, 2, 3). With --gpus-per-task=1 and per-task binding
+# instead, write -k on g 1. srun takes --cpus-per-task from the job only when told (Slurm
+# 22.05 and later). -sf kk makes pair_style nvalchemi nvalchemi/kk; newton on is required.
+# With a GPU-aware MPI, add gpu/aware on after neigh half.
+srun --gpu-bind=none --cpus-per-task="$SLURM_CPUS_PER_TASK" \
+     lmp -k on g "${SLURM_GPUS_ON_NODE:-4}" -sf kk -pk kokkos newton on neigh half \
      -in in.argon -var cells 32
