@@ -9,24 +9,29 @@
 #   benchmarks/kokkos_offline.sh build DIR PREFIX [ARCH] [SECONDS] # there: default HOPPER90
 #   benchmarks/kokkos_offline.sh pack DIR PREFIX                  # there, after build
 #
-# stage  DIR/wheels: mace-torch and its pure-Python needs, for the GPU machine's Python
-#        (torch, numpy, scipy, opt-einsum(-fx) and cython are expected there);
+# stage  DIR/wheels: mace-torch, cuequivariance(-torch) and their pure-Python needs, for the
+#        GPU machine's Python (torch, numpy, scipy, sympy, networkx, tqdm, opt-einsum(-fx),
+#        nvidia-cublas, nvidia-ml-py and cython are expected there); DIR/wheels-cuda.tar.xz:
+#        cuEquivariance's CUDA 13 kernels (cuequivariance-ops-torch-cu13 for torch >= 2.11,
+#        cuequivariance-ops-cu13), 73 MB as wheels, 27 MB stored and xz-compressed (a device
+#        call carries 64 MiB). Not fairchem-core (UMA): every release pins torch (2.16-2.21
+#        ~=2.8, 2.22-2.24 ~=2.13), none the 2.11 of the GPU machine;
 #        DIR/lammps-cut.tar.xz: Debian's LAMMPS source cut by tools/cut_lammps_source.sh to
 #        what the build reads, without the KOKKOS variants of core styles these runs do not
 #        use (the build and the plugin then fit a 10-minute job on 16 cores).
-# build  installs DIR/wheels into PREFIX/site (outside DIR, which a later call may carry
-#        again), then LAMMPS into PREFIX: unpacked from DIR/lammps-built.tar.xz.part-* where
-#        `pack` made them for the same machine and sources, else built (continuing a build
-#        cut off by SECONDS, default no limit: rerun to go on); then the nvalchemi/kk
-#        plugin (always compiled: it follows cpp_bridge/). Exits 3 when SECONDS ran out
-#        before LAMMPS was installed.
+# build  installs DIR/wheels and those of DIR/wheels-cuda.tar.xz into PREFIX/site (outside
+#        DIR, which a later call may carry again), then LAMMPS into PREFIX: unpacked from
+#        DIR/lammps-built.tar.xz.part-* where `pack` made them for the same machine and
+#        sources, else built (continuing a build cut off by SECONDS, default no limit:
+#        rerun to go on); then the nvalchemi/kk plugin (always compiled: it follows
+#        cpp_bridge/). Exits 3 when SECONDS ran out before LAMMPS was installed.
 # pack   PREFIX's LAMMPS (install/, python/) and what it was built for, as
 #        DIR/lammps-built.tar.xz.part-* (15 MiB each: a device call's files come back in
 #        16 MiB pieces); put them into the staged DIR and the next `build` takes 1 minute.
 set -euo pipefail
 
 root=$(dirname "$(dirname "$(realpath "$0")")")
-[ $# -ge 2 ] || { sed -n '2,25p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,29p' "$0"; exit 2; }
 dir=$(realpath -m "$2")
 
 stage() {
@@ -39,8 +44,30 @@ stage() {
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$python_version" \
     --implementation cp "${platforms[@]}" -d "$dir/wheels" \
     mace-torch==0.3.16 e3nn==0.4.4 vesin==0.6.2 ase==3.29.0 matscipy==1.3.1 torch-ema \
-    prettytable configargparse lmdb orjson gitpython gitdb smmap wcwidth
+    prettytable configargparse lmdb orjson gitpython gitdb smmap wcwidth \
+    cuequivariance==0.13.0 cuequivariance-torch==0.13.0 platformdirs
   python3 -m pip wheel -q --no-deps -w "$dir/wheels" python-hostlist  # no wheel on PyPI
+  # the CUDA kernels: each wheel rewritten without compression (the same files, the same
+  # RECORD), then all of them xz-compressed together
+  local cuda=$dir/wheels-cuda
+  rm -rf "$cuda" && mkdir -p "$cuda"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$python_version" \
+    --implementation cp "${platforms[@]}" -d "$cuda" \
+    cuequivariance-ops-torch-cu13==0.13.0 cuequivariance-ops-cu13==0.13.0
+  python3 - "$cuda" <<'PY'
+import pathlib, sys, zipfile
+for wheel in pathlib.Path(sys.argv[1]).glob("*.whl"):
+    stored = wheel.with_suffix(".stored")
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(stored, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            info.compress_type = zipfile.ZIP_STORED
+            dst.writestr(info, data)
+    stored.replace(wheel)
+PY
+  tar cf - --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$dir" wheels-cuda \
+    | xz -9 -T0 > "$dir/wheels-cuda.tar.xz"
+  rm -rf "$cuda"
 
   local tarball=$dir/lammps_20260704+dfsg.orig.tar.gz
   [ -f "$tarball" ] || curl -sSfL -o "$tarball" \
@@ -92,8 +119,15 @@ PY
 build() {
   local prefix arch=${2:-HOPPER90} seconds=${3:-0} start=$SECONDS
   prefix=$(realpath -m "$1")
+  local wheels=("$dir"/wheels/*.whl)
+  if [ -f "$dir/wheels-cuda.tar.xz" ]; then
+    rm -rf "$prefix/wheels-cuda" && mkdir -p "$prefix"
+    tar xJf "$dir/wheels-cuda.tar.xz" -C "$prefix"
+    wheels+=("$prefix"/wheels-cuda/*.whl)
+  fi
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$prefix/site" "$dir"/wheels/*.whl
+    --target "$prefix/site" "${wheels[@]}"
+  rm -rf "$prefix/wheels-cuda"
   register_source_tree "$prefix/site"
   export PYTHONPATH=$prefix/site
   local src=$prefix/source/lammps
@@ -145,5 +179,5 @@ case ${1:-} in
   stage) stage "${@:3}" ;;
   build) build "${@:3}" ;;
   pack) pack "${@:3}" ;;
-  *) sed -n '2,25p' "$0"; exit 2 ;;
+  *) sed -n '2,29p' "$0"; exit 2 ;;
 esac
