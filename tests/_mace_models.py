@@ -156,3 +156,39 @@ def random_family(
     if channels is not None:
         options["radial_MLP"] = [2 * channels] * 3
     return random_mace(seed=seed, **options)
+
+
+def mace_forward(
+    model: torch.nn.Module, system, head: str = "Default", dtype=torch.float64
+) -> dict[str, np.ndarray]:
+    """mace-torch on ``system``: its AtomicData, its neighbor list, its forward (inputs in
+    ``dtype``, the model's)."""
+    import ase
+
+    _mace_torch._mace()
+    with _mace_torch._quiet_torchscript():
+        from mace import data as mace_data
+        from mace.tools import torch_geometric
+        from mace.tools.utils import AtomicNumberTable
+
+    atoms = ase.Atoms(
+        symbols=[system.elements[s] for s in system.species],
+        positions=system.positions,
+        cell=system.cell,
+        pbc=system.pbc,
+    )
+    with _mace_torch._default_dtype(dtype):
+        config = mace_data.config_from_atoms(atoms, head_name=head)
+        table = AtomicNumberTable([int(z) for z in model.atomic_numbers])
+        data = mace_data.AtomicData.from_config(
+            config, z_table=table, cutoff=float(model.r_max), heads=model.heads
+        )
+        batch = torch_geometric.batch.Batch.from_data_list([data]).to_dict()
+        out = model(batch, compute_force=True, compute_virials=True, compute_stress=True)
+    return {
+        "energy": float(out["energy"].detach()[0]),
+        "atom_energies": out["node_energy"].detach().numpy(),
+        "forces": out["forces"].detach().numpy(),
+        "virial": out["virials"][0].detach().numpy(),
+        "stress": out["stress"][0].detach().numpy(),
+    }

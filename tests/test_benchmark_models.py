@@ -180,39 +180,6 @@ def _evaluate(potential, system: System):
     )
 
 
-def _mace_forward(network: torch.nn.Module, system: System) -> dict[str, np.ndarray]:
-    """mace-torch's own forward on ``system`` (its AtomicData and neighbor list), float64."""
-    import ase
-
-    from nvalchemi_lammps.potentials.mace import _mace_torch
-
-    _mace_torch._mace()
-    with _mace_torch._quiet_torchscript():
-        from mace import data as mace_data
-        from mace.tools import torch_geometric
-        from mace.tools.utils import AtomicNumberTable
-
-    atoms = ase.Atoms(
-        symbols=[system.elements[s] for s in system.species],
-        positions=system.positions,
-        cell=system.cell,
-        pbc=system.pbc,
-    )
-    with _mace_torch._default_dtype(torch.float64):
-        config = mace_data.config_from_atoms(atoms)
-        table = AtomicNumberTable([int(z) for z in network.atomic_numbers])
-        data = mace_data.AtomicData.from_config(
-            config, z_table=table, cutoff=float(network.r_max), heads=network.heads
-        )
-        batch = torch_geometric.batch.Batch.from_data_list([data]).to_dict()
-        out = network(batch, compute_force=True)
-    return {
-        "energy": float(out["energy"].detach()[0]),
-        "atom_energies": out["node_energy"].detach().numpy(),
-        "forces": out["forces"].detach().numpy(),
-    }
-
-
 @pytest.mark.slow  # each 89-element network takes a minute or more to build here
 @pytest.mark.parametrize(
     "function, shape, parameters",
@@ -233,7 +200,9 @@ def test_mace_of_the_released_shape_equals_mace_torch(function, shape, parameter
     loaded = load_model(save_model(potential, tmp_path / "mace.pt"))
     system = _alloy_cell()
     ours = _evaluate(loaded, system)
-    theirs = _mace_forward(network, system)
+    from _mace_models import mace_forward
+
+    theirs = mace_forward(network, system)
     assert relative(ours.atom_energies, theirs["atom_energies"]) <= 1e-10
     assert relative(ours.forces, theirs["forces"]) <= 1e-10
     assert np.abs(theirs["forces"]).max() > 1e-3  # forces that could be wrong
