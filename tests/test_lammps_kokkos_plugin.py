@@ -212,9 +212,14 @@ class Model:
     keywords: str = ""
     total_charge: float = 0.0
     stress: bool = True
-    nprocs: tuple[int, ...] = tuple(NPROCS)
+    nprocs: tuple[int, ...] = (1, 4)
     versus_plugin: bool = True
     setup: str = ""
+
+
+#: Every model runs on 1 and 4 ranks (at 4 ranks two of them own no atoms): 2 ranks would
+#: repeat the 4 ranks' exchanges with fewer neighbors and no empty rank. The door's 2-rank
+#: runs: mp-exchange (make check's), mp-exchange-hostcomm and mp-compile.
 
 
 #: KOKKOS's host path for pair communication (it takes it when told to or, on a GPU, when
@@ -224,7 +229,7 @@ HOST_COMM = "package kokkos newton on neigh half comm/pair/forward host comm/pai
 
 MODELS = {
     "lj": Model("lj_model"),
-    "mp-exchange": Model("mp_model", keywords="strategy exchange"),
+    "mp-exchange": Model("mp_model", keywords="strategy exchange", nprocs=tuple(NPROCS)),
     # on several ranks KOKKOS's host path for pair communication makes the exchanges go by
     # the exchange plan (remote atoms' rows once each, through the host); on one rank the
     # plan's gather is mp-exchange's
@@ -236,7 +241,7 @@ MODELS = {
         elements="Ar Kr",
         keywords="strategy exchange",
         setup=HOST_COMM,
-        nprocs=(2, 4),
+        nprocs=(4,),
     ),
     # no exchange: 2 ranks would repeat the 4 ranks' thick shell
     "mp-shell": Model("mp_model", keywords="strategy shell", nprocs=(1, 4)),
@@ -258,7 +263,9 @@ MODELS = {
     "pipeline-exchange": Model(
         "pipeline_model", "argon_krypton", "Ar Kr", "strategy exchange", stress=False
     ),
-    # charges predicted on each rank's atoms (equilibrated over ranks), read by PME
+    # charges predicted on each rank's atoms (equilibrated over ranks), read by PME; on 4
+    # ranks only (its terms alone: aimnet2-exchange and pme at 1 and 4 ranks; the pipeline
+    # at 1, 2 and 4 through pair_style nvalchemi, tests/test_lammps_pipeline_mlips.py)
     "pipeline-aimnet2-pme": Model(
         "aimnet2_pme_model",
         "molecules",
@@ -266,6 +273,7 @@ MODELS = {
         "strategy exchange charge 1",
         total_charge=1.0,
         stress=False,
+        nprocs=(4,),
     ),
     # UMA (fairchem-core: its own environment, pytest -m uma there), charged: its
     # embeddings read the net charge of all ranks' atoms
@@ -276,9 +284,10 @@ MODELS = {
         "strategy exchange charge -1",
         total_charge=-1.0,
     ),
-    # compiled on CPU takes a while: one small case, and not twice (kk and plain)
+    # compiled on CPU takes a while: one small case, on 2 ranks, and not twice (kk and
+    # plain); compiled on one rank: tests/test_lammps_compile.py and test_lammps_mliap.py
     "mp-compile": Model(
-        "mp_model", keywords="strategy exchange compile yes", nprocs=(1, 2), versus_plugin=False
+        "mp_model", keywords="strategy exchange compile yes", nprocs=(2,), versus_plugin=False
     ),
 }
 try:  # at collection: importing mace-torch warns, which a test would turn into an error
