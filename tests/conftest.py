@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import inspect
-import re
 import textwrap
 from collections import defaultdict
 from pathlib import Path
@@ -71,45 +69,13 @@ DOOR_CHECKS = {
 }
 
 
-#: What a test or one of its fixtures names when it runs the LAMMPS of .lammps-mliap: the
-#: fixtures of its doors, lammps_helpers.built_lammps, or the variables that point to it.
-BUILD_NAMES = re.compile(
-    r"\b(mliap_lammps|kokkos_lammps|built_lammps\(|NVALCHEMI_LAMMPS_MLIAP|NVALCHEMI_LAMMPS_KOKKOS)\b"
-)
-TESTS = Path(__file__).resolve().parent
-
-
-def _source(function) -> str:
-    """The source of a test or fixture function of this folder, else nothing."""
-    try:
-        if TESTS not in Path(inspect.getsourcefile(function)).resolve().parents:
-            return ""
-        return inspect.getsource(function)
-    except (OSError, TypeError):
-        return ""
-
-
-def _needs_build(item) -> bool:
-    """Whether ``item`` runs the LAMMPS of .lammps-mliap: it or a fixture it uses names it.
-    make test runs the others while that LAMMPS builds, with the variables already set, so a
-    test this misses fails there (its LAMMPS is not there yet) rather than skipping."""
-    if {"mliap_lammps", "kokkos_lammps"} & set(item.fixturenames):
-        return True
-    functions = [getattr(item, "function", None)]
-    functions += [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
-    return any(BUILD_NAMES.search(_source(f)) for f in functions if f is not None)
-
-
 @pytest.hookimpl(tryfirst=True)  # before -m, --deselect and --lf take items away
 def pytest_collection_modifyitems(config, items) -> None:
-    """``slow`` on every LAMMPS run but the door checks, ``lammps_build`` on the tests that
-    run the LAMMPS of .lammps-mliap. A door check missing from a whole module that was
-    collected is an error, so that ``make check`` never loses one unnoticed."""
+    """``slow`` on every LAMMPS run but the door checks. A door check missing from a whole
+    module that was collected is an error, so that ``make check`` never loses one unnoticed."""
     for item in items:
         if item.get_closest_marker("lammps") and item.nodeid not in DOOR_CHECKS:
             item.add_marker(pytest.mark.slow)
-        if _needs_build(item):
-            item.add_marker(pytest.mark.lammps_build)
     if config.option.keyword or any("::" in arg for arg in config.args):
         return  # a selection of tests, not whole modules
     collected = {item.nodeid for item in items}
