@@ -302,8 +302,17 @@ def test_mace_compiled_exchanges_inside_its_blocks(monkeypatch):
     ``linear_up``, owned rows only, not the whole layers' features in between. (A separate
     compilation: the recording is state the compiled code guards on.) On torch 2.11 the
     comparison of test_exchange_strategy_on_owned_rows fails if the hook goes through
-    mace-torch's ``LAMMPS_MP`` (zero gradients into the exchange; mace._handle_lammps_traced)."""
+    mace-torch's ``LAMMPS_MP`` (zero gradients into the exchange; mace._handle_lammps_traced).
+    What is traced is settled when torch's tracer runs the Python code, before the backend
+    sees the graph: the graph runs as traced, without inductor's code generation (most of a
+    compilation's CPU, and the rest of this module has it)."""
     from nvalchemi_lammps.potentials.mace import _forward as mace
+
+    def traced_only(self, graph_module, inputs):
+        self.compilations += 1
+        return graph_module.forward
+
+    monkeypatch.setattr(CompiledPotential, "_backend", traced_only)
 
     potential = _mace()  # before the recording: its check against mace-torch runs one rank
     paths = []
@@ -318,7 +327,9 @@ def test_mace_compiled_exchanges_inside_its_blocks(monkeypatch):
     for name in ("_owned_features", "_row_features"):
         monkeypatch.setattr(mace, name, recording(name, getattr(mace, name)))
     graph = decompose(fcc_argon_222(), potential.spec.cutoff, 1)[0]
-    _evaluate(CompiledPotential(potential), graph, ExchangeComm(graph.owner, graph.nlocal))
+    compiled = CompiledPotential(potential)
+    _evaluate(compiled, graph, ExchangeComm(graph.owner, graph.nlocal))
+    assert compiled.compilations == 1
     assert paths == ["_owned_features"]
 
 
