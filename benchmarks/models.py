@@ -7,7 +7,6 @@ backbone) with seeded random weights, so that nothing is downloaded."""
 from __future__ import annotations
 
 import copy
-import os
 import warnings
 
 
@@ -138,11 +137,10 @@ def _scale_shift_mace(hyper: dict):
 
     with torch.serialization.safe_globals([slice]):  # e3nn's constants, loaded at import
         from e3nn import o3
-    was = os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
-    from mace import modules  # sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1: put back below
+    from nvalchemi_lammps.potentials.mace._mace_torch import weights_only_load_kept
 
-    if was is None:
-        os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    with weights_only_load_kept():
+        from mace import modules
     interaction = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
     hyper |= {
         "hidden_irreps": o3.Irreps(hyper["hidden_irreps"]),

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import textwrap
 from collections import defaultdict
 from pathlib import Path
@@ -15,6 +16,17 @@ from lammps_helpers import (
 )
 
 from nvalchemi_lammps.lammps_run import run_lammps
+
+
+@pytest.fixture(autouse=True)
+def _weights_only_load_kept():
+    """No test may leave TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD set (mace-torch's modules set it
+    when imported: import them inside weights_only_load_kept): every later torch.load in
+    the session, and each LAMMPS run it starts, would unpickle code without asking."""
+    before = os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+    yield
+    after = os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+    assert after == before, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD changed by the test"
 
 
 @pytest.fixture(scope="session")

@@ -237,6 +237,7 @@ def save_mace_torch_model(potential, path: Path, device: str) -> Path:
     import torch
 
     from ..potentials.mace._kernels import _auto_uses_cuequivariance, _to_cuequivariance
+    from ..potentials.mace._mace_torch import weights_only_load_kept
 
     network = getattr(potential, "model", None)
     if not isinstance(network, torch.nn.Module):
@@ -244,7 +245,8 @@ def save_mace_torch_model(potential, path: Path, device: str) -> Path:
             "the mace-torch style needs a MACE model (model.python: a Mace)"
         )
     try:
-        from mace.calculators.lammps_mliap_mace import LAMMPS_MLIAP_MACE
+        with weights_only_load_kept():
+            from mace.calculators.lammps_mliap_mace import LAMMPS_MLIAP_MACE
     except ImportError:
         raise ValueError("the mace-torch style needs mace-torch: pip install mace-torch") from None
     network = copy.deepcopy(network).to(getattr(torch, potential.spec.dtype))

@@ -24,6 +24,23 @@ _INSTALL_HINT = (
 _MACE: Any = None
 
 
+@contextlib.contextmanager
+def weights_only_load_kept() -> Iterator[None]:
+    """Import mace-torch modules inside this: ``mace/__init__.py``, ``mace.calculators`` and
+    ``mace.cli.create_lammps_model`` set ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, which would
+    make every later ``torch.load`` without an explicit ``weights_only`` in this process (and
+    its children) unpickle arbitrary code; the variable is put back as it was."""
+    key = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+    before = os.environ.get(key)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
 def _mace() -> Any:
     """``mace.modules``, imported once.
 
@@ -40,11 +57,9 @@ def _mace() -> Any:
     global _MACE
     if _MACE is not None:
         return _MACE
-    key = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
-    before = os.environ.get(key)
     captured = io.StringIO()
     try:
-        with _quiet_torchscript(), contextlib.redirect_stdout(captured):
+        with weights_only_load_kept(), _quiet_torchscript(), contextlib.redirect_stdout(captured):
             with torch.serialization.safe_globals([slice]):
                 # e3nn loads its constants at import: before mace changes the environment
                 importlib.import_module("e3nn.o3")
@@ -54,10 +69,6 @@ def _mace() -> Any:
     except ImportError as err:
         raise ImportError(f"{_INSTALL_HINT} ({err})") from err
     finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
         for line in captured.getvalue().splitlines():
             if "Cuequivariance acceleration will be disabled" not in line:
                 print(line, file=sys.stdout)
