@@ -19,6 +19,14 @@ Every rank issues the same collectives every step, also with no atoms: one all-r
 model get their full gradient), then the subclass's reciprocal-space all-reduce. Parameters
 derived from ``accuracy`` depend only on the cell and these global sums, so every rank
 derives the same ones; every check that raises does so from them too, on every rank.
+
+Captured as a CUDA graph (:meth:`Coulomb.prepare_capture`), with ``alpha`` and the
+resolution given: the forward reads nothing back from the GPU (the cell's determinant and
+inverse in closed form, the k-vectors and the mesh fixed by the resolution), and the checks
+that need the global sums on the host (net charge, the real-space accuracy, a slab's cell)
+run when the potential is run outside a capture: at every step eagerly, at every capture
+on a GPU (LAMMPS checks them when a run starts). Padding atoms (species -1, no charge,
+at the origin) add nothing to any sum; padding pairs lie beyond the cutoff.
 """
 
 from __future__ import annotations
@@ -67,6 +75,22 @@ def real_space_error(alpha: float, cutoff: float, natoms: float, q2: float, volu
     """LAMMPS's estimate of the RMS force error of truncating the real-space sum at
     ``cutoff`` (``2 q2 exp(-alpha^2 rc^2) / sqrt(N rc V)``, force units)."""
     return 2.0 * q2 * math.exp(-((alpha * cutoff) ** 2)) / math.sqrt(natoms * cutoff * volume)
+
+
+def capturing() -> bool:
+    """Whether the current CUDA stream is being captured into a graph: checks that read
+    values back to the host then stay out (they ran at the warm-ups before)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def cell_inverse(cell: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Determinant and inverse of a ``(3, 3)`` cell (rows: lattice vectors) by cross
+    products, differentiable: ``torch.linalg.inv`` reads its singularity check back to the
+    host on a GPU."""
+    a, b, c = cell.unbind(0)
+    bc, ca, ab = torch.linalg.cross(b, c), torch.linalg.cross(c, a), torch.linalg.cross(a, b)
+    det = (a * bc).sum()
+    return det, torch.stack([bc, ca, ab], dim=1) / det
 
 
 def plane_spacings(cell: torch.Tensor) -> list[float]:
@@ -118,6 +142,9 @@ class Coulomb(Potential):
     :param units: ``metal`` (eV, Angstrom, e) or ``real`` (kcal/mol, Angstrom, e)
     :param dtype: ``float64`` or ``float32``
     """
+
+    #: the name of the reciprocal-space resolution in messages (``kmax``, ``mesh``)
+    resolution_name = ""
 
     def __init__(
         self,
@@ -186,6 +213,11 @@ class Coulomb(Potential):
 
     # --- what a subclass provides -----------------------------------------------------
 
+    @property
+    def resolution(self) -> Any:
+        """The reciprocal-space resolution given (``None``: derived from ``accuracy``)."""
+        raise NotImplementedError
+
     def _resolution(
         self, kcell: torch.Tensor, volume: float, natoms: float, q2: float, alpha: float | None
     ) -> tuple[float, Any]:
@@ -207,8 +239,23 @@ class Coulomb(Potential):
         times longer with a slab correction (LAMMPS's ``zprd_slab``)."""
         if self.slab is None:
             return cell
-        scale = torch.tensor([1.0, 1.0, self.slab], dtype=cell.dtype, device=cell.device)
-        return cell * scale[:, None]
+        return torch.cat([cell[:2], cell[2:] * self.slab])
+
+    def prepare_capture(self) -> Coulomb:
+        """Itself, with ``alpha`` and the resolution given (module docstring): charges of
+        padding atoms are zero, padding pairs lie beyond the cutoff.
+
+        :raises ValueError: ``alpha`` or the resolution derived from ``accuracy``
+        """
+        if self.alpha is None or self.resolution is None:
+            what = self.resolution_name
+            raise ValueError(
+                f"the {self.name} model cannot be captured with alpha and {what} derived from "
+                f"accuracy: they follow the cell and the charges, read back from the GPU at "
+                f"every step, and {what} sets the shapes; give alpha and {what} (LAMMPS's log "
+                "prints the values it derives) to capture it"
+            )
+        return self
 
     def parameters_for(self, cell: torch.Tensor, natoms: float, qsqsum: float) -> tuple[float, Any]:
         """``alpha`` and the reciprocal-space resolution for this cell and these global
@@ -281,7 +328,9 @@ class Coulomb(Potential):
             )
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:
-        self._check_geometry(graph)
+        checking = not capturing()
+        if checking:
+            self._check_geometry(graph)
         dtype, device = graph.rij.dtype, graph.rij.device
         nlocal = graph.nlocal
         q = self._charges(graph)
@@ -291,7 +340,7 @@ class Coulomb(Potential):
         # collective 1: atom count, charge sums and z moments; q and z keep their gradient
         local = torch.stack(
             [
-                q_owned.new_tensor(float(nlocal)),
+                q_owned.new_full((), float(nlocal)),
                 q_owned.sum(),
                 (q_owned**2).sum(),
                 (q_owned * z).sum(),
@@ -299,13 +348,10 @@ class Coulomb(Potential):
             ]
         )
         totals = graph.comm.allreduce(local.to(torch.float64)).to(dtype)
-        natoms, qsum, qsqsum = (float(t) for t in totals[:3].detach().cpu())
-        self._check_net_charge(qsum)
-        cell64 = cell.detach().to(torch.float64)
-        alpha, res = self.parameters_for(cell64, natoms, qsqsum)
-        self._check_real_space(
-            alpha, natoms, qsqsum * self.qqr2e, abs(float(torch.linalg.det(cell64)))
-        )
+        if checking:
+            alpha, res = self._checked_parameters(cell, totals)
+        else:  # given (prepare_capture)
+            alpha, res = self.alpha, self.resolution
         qqr2e = self.qqr2e
 
         energies = torch.zeros(graph.ntotal, dtype=dtype, device=device)
@@ -316,16 +362,26 @@ class Coulomb(Potential):
         kcell = self.kspace_cell(cell)
         # the volume of the background and the slab terms enters as a constant: LAMMPS
         # puts neither term into its virial, and neither do we
-        volume = float(torch.linalg.det(kcell.detach()).abs())
+        volume = cell_inverse(kcell.detach())[0].abs()
         own = -alpha / math.sqrt(math.pi) * q_owned**2
         own = own - math.pi * q_owned * totals[1] / (2.0 * alpha**2 * volume)
         if self.slab is not None:
-            own = own + self._slab_correction(
-                q_owned, z, totals, volume, float(kcell[2, 2].detach())
-            )
+            own = own + self._slab_correction(q_owned, z, totals, volume, kcell[2, 2].detach())
         # collective 2: the subclass's reciprocal-space sum
         owned = qqr2e * (self._reciprocal(graph, q_owned, kcell, alpha, res) + own)
         return energies + torch.cat([owned, owned.new_zeros(graph.ntotal - nlocal)])
+
+    def _checked_parameters(self, cell: torch.Tensor, totals: torch.Tensor) -> tuple[float, Any]:
+        """``alpha`` and the resolution (:meth:`parameters_for`) from the global sums
+        ``totals``, read back to the host, after the checks that need them."""
+        natoms, qsum, qsqsum = (float(t) for t in totals[:3].detach().cpu())
+        self._check_net_charge(qsum)
+        cell64 = cell.detach().to(torch.float64)
+        alpha, res = self.parameters_for(cell64, natoms, qsqsum)
+        self._check_real_space(
+            alpha, natoms, qsqsum * self.qqr2e, abs(float(torch.linalg.det(cell64)))
+        )
+        return alpha, res
 
     def _real_space(self, graph: LocalGraph, q: torch.Tensor, alpha: float) -> torch.Tensor:
         """``q_i q_j erfc(alpha r) / r`` of each directed pair inside the cutoff."""
@@ -342,7 +398,7 @@ class Coulomb(Potential):
         the correction puts nothing into the virial (as LAMMPS's ``slabcorr``)."""
         if self.slab is None:
             return positions.new_zeros(positions.shape[0])
-        fractional = positions @ torch.linalg.inv(cell)
+        fractional = positions @ cell_inverse(cell)[1]
         return (fractional @ cell.detach())[:, 2]
 
     def _slab_correction(
@@ -350,8 +406,8 @@ class Coulomb(Potential):
         q_owned: torch.Tensor,
         z: torch.Tensor,
         totals: torch.Tensor,
-        volume: float,
-        height: float,
+        volume: torch.Tensor,
+        height: torch.Tensor,
     ) -> torch.Tensor:
         """Per-atom share of LAMMPS's ``slabcorr`` energy, without ``qqr2e``:
         ``2 pi / V q_i (z_i M - (sum q z^2 + Q z_i^2) / 2 - Q Lz^2 / 12)``; the shares sum

@@ -318,6 +318,22 @@ class AIMNet2(Potential):
         except ImportError as err:  # the CLI reports ValueErrors as one line
             raise ValueError(str(err)) from None
 
+    def prepare_capture(self) -> AIMNet2:
+        """Refused: aimnet's modules take the pairs as a neighbor matrix, one row per atom,
+        whose width (the most pairs of any atom) and row count (whether ghosts receive
+        pairs) this adapter reads back from the GPU every step; those are shapes, which a
+        CUDA graph fixes. Capturing it needs either that width as one more capacity of
+        the padded graphs, grown and checked on the host before each replay (the engine),
+        or aimnet's ``ConvSV`` and ``SRCoulomb`` run over a pair list.
+
+        :raises ValueError: always
+        """
+        raise ValueError(
+            f"the {self.name} model cannot be captured: aimnet's convolutions take a neighbor "
+            "matrix whose width (the most pairs of any atom) is read back from the GPU at "
+            "every step and sets the shapes"
+        )
+
     # --- evaluation ------------------------------------------------------------------------
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:

@@ -20,7 +20,14 @@ import torch
 
 from ..contract import LocalGraph
 from ._base import register_potential
-from ._coulomb import QQR2E, Coulomb, lammps_g_ewald, per_direction, plane_spacings
+from ._coulomb import (
+    QQR2E,
+    Coulomb,
+    cell_inverse,
+    lammps_g_ewald,
+    per_direction,
+    plane_spacings,
+)
 
 __all__ = ["QQR2E", "Ewald", "lammps_g_ewald", "lammps_kmax"]
 
@@ -71,6 +78,7 @@ class Ewald(Coulomb):
     """
 
     name = "ewald"
+    resolution_name = "kmax"
 
     def __init__(
         self,
@@ -91,6 +99,10 @@ class Ewald(Coulomb):
         super().__init__(elements, cutoff, alpha, accuracy, charges, slab, background, units, dtype)
         self.kmax = None if kmax_list is None else tuple(kmax_list)
         self._config["kmax"] = kmax_list
+
+    @property
+    def resolution(self) -> tuple[int, int, int] | None:
+        return self.kmax
 
     def _resolution(
         self, kcell: torch.Tensor, volume: float, natoms: float, q2: float, alpha: float | None
@@ -114,11 +126,14 @@ class Ewald(Coulomb):
         kmax: tuple[int, int, int],
     ) -> torch.Tensor:
         dtype, device = q_owned.dtype, q_owned.device
-        n = _half_space_vectors(kcell.detach().to(torch.float64), kmax).to(device)
-        k = n.to(dtype) @ (2.0 * math.pi * torch.linalg.inv(kcell).T)
+        n = _half_space_vectors(kmax, device)
+        determinant, inverse = cell_inverse(kcell)
+        k = n.to(dtype) @ (2.0 * math.pi * inverse.T)
         ksq = (k * k).sum(dim=1)
-        volume = torch.linalg.det(kcell).abs()
-        weight = 4.0 * math.pi / volume * torch.exp(-ksq / (4.0 * alpha**2)) / ksq
+        weight = 4.0 * math.pi / determinant.abs() * torch.exp(-ksq / (4.0 * alpha**2)) / ksq
+        # k-vectors outside LAMMPS's sphere weigh nothing (a mask, not a selection: the
+        # k-vectors keep their number whatever the cell)
+        weight = torch.where(_in_sphere(n, kcell.detach().to(torch.float64), kmax), weight, 0.0)
         phase = graph.positions[: graph.nlocal] @ k.T
         cos, sin = torch.cos(phase), torch.sin(phase)
         # structure factors, differentiable (the adjoint of a sum over ranks is itself)
@@ -126,19 +141,28 @@ class Ewald(Coulomb):
         return q_owned * ((cos * structure[0] + sin * structure[1]) @ weight)
 
 
-def _half_space_vectors(cell: torch.Tensor, kmax: tuple[int, int, int]) -> torch.Tensor:
-    """Integer k-vectors ``n`` (one of each ``+-n`` pair, no zero) with ``|n_d| <= kmax_d``
-    and ``|k|^2`` within LAMMPS's sphere ``1.00001 max_d (kmax_d |b_d|)^2``."""
-    recip = 2.0 * math.pi * torch.linalg.inv(cell).T  # rows: reciprocal lattice vectors
+def _half_space_vectors(kmax: tuple[int, int, int], device: torch.device) -> torch.Tensor:
+    """Integer k-vectors ``n`` with ``|n_d| <= kmax_d``, one of each ``+-n`` pair, no zero:
+    ``n_x > 0``, or ``n_x = 0`` and ``n_y > 0``, or ``n_x = n_y = 0`` and ``n_z > 0``."""
     kx, ky, kz = kmax
-    axes = [torch.arange(-m, m + 1, dtype=torch.int64) for m in (kx, ky, kz)]
-    n = torch.cartesian_prod(*axes)
-    half = (
-        (n[:, 0] > 0)
-        | ((n[:, 0] == 0) & (n[:, 1] > 0))
-        | ((n[:, 0] == 0) & (n[:, 1] == 0) & (n[:, 2] > 0))
+
+    def axis(low: int, high: int) -> torch.Tensor:
+        return torch.arange(low, high + 1, device=device)
+
+    zero = axis(0, 0)
+    return torch.cat(
+        [
+            torch.cartesian_prod(axis(1, kx), axis(-ky, ky), axis(-kz, kz)),
+            torch.cartesian_prod(zero, axis(1, ky), axis(-kz, kz)),
+            torch.cartesian_prod(zero, zero, axis(1, kz)),
+        ]
     )
-    n = n[half]
+
+
+def _in_sphere(n: torch.Tensor, cell: torch.Tensor, kmax: tuple[int, int, int]) -> torch.Tensor:
+    """Which k-vectors ``n`` lie within LAMMPS's sphere ``|k|^2 <= 1.00001 max_d (kmax_d
+    |b_d|)^2`` (``b_d`` the reciprocal lattice vectors of ``cell``, float64)."""
+    recip = 2.0 * math.pi * cell_inverse(cell)[1].T  # rows: reciprocal lattice vectors
     ksq = ((n.to(torch.float64) @ recip) ** 2).sum(dim=1)
-    limit = max(float(m * recip[d].norm()) ** 2 for d, m in enumerate(kmax)) * _KSPHERE_SLACK
-    return n[ksq <= limit]
+    radii = torch.stack([m * recip[d].norm() for d, m in enumerate(kmax)])
+    return ksq <= radii.square().max() * _KSPHERE_SLACK

@@ -112,10 +112,12 @@ class Pipeline(Potential):
         which no fixed-shape graph can do, so that selection runs eagerly between compiled
         terms. Terms that ``wrap`` refuses (no compile support) run eagerly too, and so
         does a term whose predicted charges feed another (a compiled term returns energies
-        only)."""
+        only), and the term that reads them (a padded graph holds charges as a constant
+        input: their derivative, through which the predicting term's forces pass, would
+        be lost)."""
         terms = []
         for k, term in enumerate(self.terms):
-            if k not in self.charges_from:
+            if k not in self.charges_from and self.charges_from[k] is None:
                 try:
                     term = wrap(term)
                 except ValueError:  # prepare_compile's refusal: this term stays eager

@@ -26,7 +26,14 @@ import torch
 
 from ..contract import LocalGraph
 from ._base import register_potential
-from ._coulomb import Coulomb, lammps_g_ewald, per_direction, plane_spacings, real_space_error
+from ._coulomb import (
+    Coulomb,
+    cell_inverse,
+    lammps_g_ewald,
+    per_direction,
+    plane_spacings,
+    real_space_error,
+)
 
 #: Spline orders PME accepts: from 3 (smooth forces; order 2 would give piecewise-constant
 #: ones) to LAMMPS's ``MAXORDER`` 7, the highest its error estimate covers.
@@ -166,6 +173,7 @@ class Pme(Coulomb):
     """
 
     name = "pme"
+    resolution_name = "mesh"
 
     def __init__(
         self,
@@ -194,6 +202,10 @@ class Pme(Coulomb):
         self.mesh = None if mesh_list is None else tuple(mesh_list)
         self.order = int(order)
         self._config.update(mesh=mesh_list, order=self.order)
+
+    @property
+    def resolution(self) -> tuple[int, int, int] | None:
+        return self.mesh
 
     def _resolution(
         self, kcell: torch.Tensor, volume: float, natoms: float, q2: float, alpha: float | None
@@ -236,12 +248,13 @@ class Pme(Coulomb):
         weights ``M_p(u - m)`` per direction multiplied, ``u`` the atom's position in mesh
         units."""
         order = self.order
-        sizes = torch.tensor(mesh, device=positions.device)
-        u = positions @ torch.linalg.inv(kcell) * sizes.to(positions.dtype)
+        fractional = positions @ cell_inverse(kcell)[1]
+        u = torch.stack([fractional[:, d] * n for d, n in enumerate(mesh)], dim=1)
         base = torch.floor(u.detach())
         w = bspline_weights(u - base, order)  # (n, 3, order): weight of point base - j
         offsets = torch.arange(order, device=positions.device)
-        index = (base.to(torch.int64)[:, :, None] - offsets) % sizes[:, None]
+        shifted = base.to(torch.int64)[:, :, None] - offsets
+        index = torch.stack([shifted[:, d] % n for d, n in enumerate(mesh)], dim=1)
         _, k2, k3 = mesh
         points = (
             index[:, 0, :, None, None] * (k2 * k3)
@@ -278,14 +291,15 @@ def _mesh_potential(
     freqs = [torch.fft.fftfreq(n, d=1.0 / n, dtype=dtype, device=device) for n in mesh[:2]]
     freqs.append(torch.fft.rfftfreq(mesh[2], d=1.0 / mesh[2], dtype=dtype, device=device))
     grid = torch.stack(torch.meshgrid(*freqs, indexing="ij"), dim=-1)
-    k = grid @ (2.0 * math.pi * torch.linalg.inv(kcell).T)
+    determinant, inverse = cell_inverse(kcell)
+    k = grid @ (2.0 * math.pi * inverse.T)
     ksq = (k * k).sum(dim=-1)
     nonzero = ksq > 0.0
     ksq_safe = torch.where(nonzero, ksq, torch.ones_like(ksq))
     spline = 1.0
     for d, n in enumerate(mesh):  # the B-spline's transform, once for spreading, once back
         spline = spline * torch.special.sinc(grid[..., d] / n) ** (2 * order)
-    volume = torch.linalg.det(kcell).abs()
+    volume = determinant.abs()
     green = 4.0 * math.pi / volume * torch.exp(-ksq_safe / (4.0 * alpha**2)) / ksq_safe / spline
     green = torch.where(nonzero, green, torch.zeros_like(green))
     transformed = torch.fft.rfftn(charge)
