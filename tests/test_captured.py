@@ -136,6 +136,36 @@ def test_padding_is_inert_in_the_static_buffers():
     assert captured.captures == 1
 
 
+def test_topology_written_only_when_it_changes():
+    """A step writes the static buffers' topology (species, pairs, owners) and padding only
+    when they change: not at all for the same tensors, unchanged; for the same counts and
+    other pairs, for species changed in place (torch counts its writes), for fewer pairs
+    (those dropped become padding) and back, each equal to eager, without a capture."""
+    potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=2, seed=3)
+    captured = CapturedPotential(potential)
+    graph = _graph(fcc_argon_222(), 5.0)
+    _assert_same(evaluate(captured, graph), evaluate(potential, graph))
+    buffers = captured._padded
+    topology = (buffers.species, buffers.pair_i, buffers.pair_j, buffers.owners)
+    written = [t._version for t in topology]
+    moved = dataclasses.replace(graph, rij=graph.rij * 1.01)
+    _assert_same(evaluate(captured, moved), evaluate(potential, moved))
+    assert [t._version for t in topology] == written
+
+    order = torch.randperm(graph.npairs, generator=torch.Generator().manual_seed(0))
+    shuffled = dataclasses.replace(
+        graph, pair_i=graph.pair_i[order], pair_j=graph.pair_j[order], rij=graph.rij[order]
+    )
+    fewer = dataclasses.replace(
+        graph, pair_i=graph.pair_i[:-9], pair_j=graph.pair_j[:-9], rij=graph.rij[:-9]
+    )
+    for step in (shuffled, fewer, graph):
+        _assert_same(evaluate(captured, step), evaluate(potential, step))
+    graph.species[:5] = 1 - graph.species[:5]  # the same tensor, written in place
+    _assert_same(evaluate(captured, graph), evaluate(potential, graph))
+    assert captured.captures == 1
+
+
 def test_shell_strategy_captured():
     """Under the widened shell nothing is exchanged: captured equals eager."""
     potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, seed=3)

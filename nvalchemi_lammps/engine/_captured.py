@@ -7,7 +7,10 @@ Python. Captured once into a CUDA graph, they replay in one launch. A graph hold
 addresses and shapes, so each rank's graph is padded to capacities (:mod:`._padding`) and
 copied into static buffers every step; the potential is captured again only when a
 neighbor-list build outgrows a capacity (they grow geometrically: a bounded number of
-captures per run, :attr:`CapturedPotential.captures`).
+captures per run, :attr:`CapturedPotential.captures`). Each step writes into those buffers
+only what changed (:class:`~._padding.PaddedGraph`): the pair vectors (positions, cell)
+always, the topology when the front door hands new tensors, the padding when the counts
+change.
 
 The forward and the backward are two graphs over one memory pool, replayed by an autograd
 function (as ``torch.cuda.make_graphed_callables`` does), so the engine differentiates a
@@ -30,7 +33,7 @@ from typing import Any
 import torch
 
 from ..contract import AdjointComm, LocalGraph, Potential
-from ._padding import Capacities, PaddedPotential, padded, padded_owner_rows, unpadded
+from ._padding import Capacities, PaddedGraph, PaddedPotential
 
 #: warm-up runs before a capture: lazy initialization (cuBLAS handles, kernel autotuning,
 #: TorchScript's profiling runs) must happen outside the graph
@@ -81,7 +84,8 @@ class _Key:
 class _Graphs:
     """The forward and backward of ``run`` on static inputs: captured as CUDA graphs on a
     GPU, run again at each replay elsewhere. ``run()`` returns the energies; ``leaves`` are
-    the static inputs it is differentiated for."""
+    the static inputs it is differentiated for, ``grad_out`` the energies' gradient that
+    :meth:`backward` reads."""
 
     def __init__(self, run: Callable[[], torch.Tensor], leaves: list[torch.Tensor]) -> None:
         self.run, self.leaves = run, leaves
@@ -103,6 +107,7 @@ class _Graphs:
         if not self.cuda:  # a warm-up only: what cannot be captured stops here, as on a GPU
             energies = self.run()
             self._gradients(energies, torch.ones_like(energies))
+            self.grad_out = torch.zeros_like(energies)
             return
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -118,7 +123,7 @@ class _Graphs:
         self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.forward_graph, pool=self.pool):
             self.energies = self.run()
-        self.grad_out = torch.empty_like(self.energies)
+        self.grad_out = torch.zeros_like(self.energies)
         with torch.cuda.graph(self.backward_graph, pool=self.pool):
             self.grads = self._gradients(self.energies, self.grad_out)
 
@@ -131,34 +136,51 @@ class _Graphs:
                 self.energies = self.run()
         return self.energies
 
-    def backward(self, grad_out: torch.Tensor) -> list[torch.Tensor]:
+    def backward(self) -> list[torch.Tensor]:
+        """The gradients for the energies' gradient ``grad_out`` (written into it first)."""
         if self.cuda:
-            self.grad_out.copy_(grad_out)
             self.backward_graph.replay()
             return self.grads
-        return self._gradients(self.energies, grad_out)
+        return self._gradients(self.energies, self.grad_out)
 
 
 class _Replay(torch.autograd.Function):
-    """The graphs as an autograd function of the padded differentiable inputs."""
+    """The graphs as an autograd function of the graph's differentiable inputs: the step's
+    graph written into the static buffers, the graphs replayed, the energies of the
+    graph's rows out (a copy: the next replay overwrites the static ones)."""
 
     @staticmethod
-    def forward(ctx: Any, graphs: _Graphs, *inputs: torch.Tensor) -> torch.Tensor:
-        for static, given in zip(graphs.leaves, inputs):
-            static.copy_(given)
-        ctx.graphs = graphs
-        energies = graphs.forward().clone()  # the next replay overwrites its output
+    def forward(
+        ctx: Any,
+        graphs: _Graphs,
+        padded: PaddedGraph,
+        graph: LocalGraph,
+        owners: torch.Tensor | None,
+        *inputs: torch.Tensor,
+    ) -> torch.Tensor:
+        padded.load(graph, owners)
+        padded.load_values(*inputs)
+        ctx.graphs, ctx.padded, ctx.npairs = graphs, padded, graph.npairs
+        energies = padded.unpadded(graphs.forward())
         ctx.replay = graphs.replays
         return energies
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        if ctx.replay != ctx.graphs.replays:
+        graphs, padded = ctx.graphs, ctx.padded
+        if ctx.replay != graphs.replays:
             raise RuntimeError(
                 "a captured potential's backward must follow its own forward: another forward "
                 "replayed the graphs in between (their activations are shared)"
             )
-        return (None, *(g.clone() for g in ctx.graphs.backward(grad_out)))
+        # the buffers still hold this forward's layout: no other forward ran since
+        padded.place(grad_out, graphs.grad_out)
+        grads = graphs.backward()
+        # copies: the next replay overwrites the static gradients
+        back = [grads[0][: ctx.npairs].clone()]
+        if len(grads) > 1:
+            back += [padded.unpadded(grads[1]), grads[2].clone()]
+        return (None, None, None, None, *back)
 
 
 class CapturedPotential(PaddedPotential):
@@ -185,7 +207,7 @@ class CapturedPotential(PaddedPotential):
         self.eager_reason: str | None = None
         self._graphs: _Graphs | None = None
         self._key: _Key | None = None
-        self._static: dict[str, Any] = {}
+        self._padded: PaddedGraph | None = None
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:
         if self.eager_reason is None:
@@ -196,7 +218,7 @@ class CapturedPotential(PaddedPotential):
                 # every rank calls the same collectives from here on
                 self.eager_reason = str(reason)
                 self._graphs = None
-                self._static = {}
+                self._padded = None
         return self.inner(graph)
 
     def _replayed(self, graph: LocalGraph) -> torch.Tensor:
@@ -216,73 +238,35 @@ class CapturedPotential(PaddedPotential):
             (graph.total_charge, graph.spin, graph.task),
         )
         grown = self.capacities.fit(graph)
-        static = _StaticComm(comm.exchange, None, comm.one_rank)
-        layout = padded(graph, self.capacities, self.spec.cutoff, static)
-        if owners is not None:
-            static.owners = padded_owner_rows(owners, graph.nlocal, self.capacities)
         if grown or key != self._key or self._graphs is None:
-            self._capture(layout)
+            self._capture(graph, owners)
             self._key = key
-        else:
-            self._load(layout)
-        nlocal, nghost = graph.nlocal, graph.ntotal - graph.nlocal
-        differentiable = [layout.rij]
-        if layout.positions is not None:
-            differentiable += [layout.positions, layout.cell]
-        energies = _Replay.apply(self._graphs, *differentiable)
-        return unpadded(energies, nlocal, nghost, self.capacities.owned)
+        differentiable = [graph.rij]
+        if graph.positions is not None:
+            differentiable += [graph.positions, graph.cell]
+        return _Replay.apply(self._graphs, self._padded, graph, owners, *differentiable)
 
-    def _load(self, layout: LocalGraph) -> None:
-        """The step's padded inputs into the static buffers (the differentiable ones: by
-        :class:`_Replay`)."""
-        static = self._static
-        for name in ("species", "pair_i", "pair_j", "charges"):
-            if static[name] is not None:
-                static[name].copy_(getattr(layout, name))
-        if static["owners"] is not None:
-            static["owners"].copy_(layout.comm.owners)
-
-    def _capture(self, layout: LocalGraph) -> None:
-        """Static buffers shaped like ``layout`` (holding its values) and the graphs of the
+    def _capture(self, graph: LocalGraph, owners: torch.Tensor | None) -> None:
+        """Static buffers of the padded graph (holding ``graph``) and the graphs of the
         potential on them."""
         self._graphs = None  # the old graphs' memory goes back before the new capture
-        self._static = {}
-
-        def held(t: torch.Tensor | None, grad: bool = False) -> torch.Tensor | None:
-            if t is None:
-                return None
-            return t.detach().clone().requires_grad_(grad)
-
-        static = {
-            "species": held(layout.species),
-            "pair_i": held(layout.pair_i),
-            "pair_j": held(layout.pair_j),
-            "charges": held(layout.charges),
-            "owners": held(layout.comm.owners),
-        }
-        rij = held(layout.rij, True)
-        positions = held(layout.positions, True)
-        cell = held(layout.cell, positions is not None)
-        leaves = [rij] if positions is None else [rij, positions, cell]
-        comm = _StaticComm(layout.comm.exchange, static["owners"], layout.comm.one_rank)
-        inputs = dataclasses.replace(
-            layout,
-            species=static["species"],
-            pair_i=static["pair_i"],
-            pair_j=static["pair_j"],
-            rij=rij,
-            comm=comm,
-            positions=positions,
-            cell=cell,
-            charges=static["charges"],
+        self._padded = None
+        padded = PaddedGraph(
+            self.capacities, self.spec.cutoff, graph, owners=owners is not None, leaves=True
         )
-        self._static = static
+        with torch.no_grad():
+            padded.load(graph, owners)
+            padded.load_values(graph.rij, graph.positions, graph.cell)
+        comm = _StaticComm(graph.comm.exchange, padded.owners, graph.comm.one_rank)
+        inputs = padded.graph(comm)
         try:
-            self._graphs = _Graphs(lambda: self.inner(inputs), leaves)
+            graphs = _Graphs(lambda: self.inner(inputs), padded.leaves)
         except NotCapturable:
             raise
         except RuntimeError as failed:  # an operation CUDA graphs cannot hold (a host sync)
             raise NotCapturable(f"its capture failed: {failed}") from failed
+        padded.keep_padding(graphs.grad_out, 0.0)  # padding rows have no energy to differentiate
+        self._graphs, self._padded = graphs, padded
         self.captures += 1
 
 

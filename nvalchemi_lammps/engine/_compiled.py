@@ -21,7 +21,7 @@ import torch
 from torch.fx.node import has_side_effect
 
 from ..contract import Comm, LocalGraph, Potential
-from ._padding import Capacities, PaddedPotential, padded, unpadded
+from ._padding import Capacities, PaddedGraph, PaddedPotential
 
 #: ``torch.compile`` modes a pair style may ask for (``pair_style nvalchemi ... compile M``)
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -164,9 +164,14 @@ class CompiledPotential(PaddedPotential):
             warnings.filterwarnings(
                 "ignore", message=r".*should not be instantiated", category=DeprecationWarning
             )
+            # new buffers every step, differentiable: the compiled code's backward holds
+            # the padded graph it saw, and differentiates into the step's own graph
+            padded = PaddedGraph(self.capacities, self.spec.cutoff, graph)
+            padded.load(graph)
+            padded.load_values(graph.rij, graph.positions, graph.cell)
             # the compiled code guards only on what the potential reads of the graph
-            energies = self._compiled(padded(graph, self.capacities, self.spec.cutoff, self._comm))
-        return unpadded(energies, nlocal, nghost, owned)
+            energies = self._compiled(padded.graph(self._comm))
+        return padded.unpadded(energies)
 
     def _energies(self, graph: LocalGraph) -> torch.Tensor:
         return self.inner(graph)

@@ -14,17 +14,23 @@ vector longer than the cutoff. A potential that can run this way
 (:meth:`Potential.prepare_compile
 <nvalchemi_lammps.potentials.Potential.prepare_compile>`) gives such atoms and pairs zero
 energy and zero gradient, so padding changes nothing but the shapes.
+
+A step's graph is written into buffers of those shapes (:class:`PaddedGraph`): new ones
+every step for a compiled potential, the same static ones for a captured potential, which
+then takes, per step, only the operations what changed needs (a few small kernels, where
+building the padded graph anew took a few dozen).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from typing import Any
 
 import torch
 
-from ..contract import Comm, LocalGraph, Potential
+from ..contract import Comm, LocalGraph, NoOpComm, Potential
 
 
 def _capacity(count: int, headroom: float, old: int = 0, growth: float = 1.0) -> int:
@@ -71,61 +77,172 @@ class Capacities:
         return (self.owned, self.ghosts, self.pairs) != before
 
 
-def laid_out(t: torch.Tensor, nlocal: int, owned: int, rows: int, fill: float) -> torch.Tensor:
-    """Per-atom rows padded: owned rows, ``fill`` up to ``owned``, ghost rows, ``fill`` up to
-    ``rows``."""
-    ghosts = t.shape[0] - nlocal
+class PaddedGraph:
+    """Buffers of one padded graph, which each step's graph is written into in place.
 
-    def pad(n: int) -> torch.Tensor:
-        return t.new_full((n, *t.shape[1:]), fill)
+    Rows are laid out as the module says: ``rows`` is the padded row of each of the graph's
+    rows. The buffers are written with as few operations as the step allows:
 
-    return torch.cat((t[:nlocal], pad(owned - nlocal), t[nlocal:], pad(rows - owned - ghosts)))
+    - the differentiable inputs (pair vectors, positions, cell) every step
+      (:meth:`load_values`), one operation each;
+    - the topology (species, pairs, owners, charges, :meth:`load`) only when it is not the
+      tensor written last time: a tensor handed again, the same object at the same
+      ``_version`` (torch's count of its in-place writes), holds the same values (a front
+      door hands new tensors when LAMMPS's arrays change);
+    - the padding only when the counts change: padding rows (and pair padding) when the
+      owned or ghost count does, pairs that were real and are padding now when the pair
+      count drops.
 
+    :param capacities: the shapes, which hold ``like``
+    :param cutoff: the potential's; padding pairs are longer
+    :param like: a graph whose optional inputs (positions, charges), dtypes, device and
+        system state the padded graph takes
+    :param owners: a buffer for the rows a forward exchange copies (:meth:`load` takes them)
+    :param leaves: the differentiable buffers require gradients (the static inputs of a
+        captured potential; then every write must run without autograd)
+    """
 
-def padded_owner_rows(owners: torch.Tensor, nlocal: int, capacities: Capacities) -> torch.Tensor:
-    """The rows a forward exchange copies (``owners``: ``(ntotal,)``, every one owned, on one
-    rank) in the padded layout; padding rows copy themselves."""
-    owned, atoms = capacities.owned, capacities.atoms
-    rows = torch.arange(atoms, device=owners.device)
-    nghost = owners.shape[0] - nlocal
-    rows[:nlocal] = owners[:nlocal]
-    rows[owned : owned + nghost] = owners[nlocal:]  # owned rows keep their numbers
-    return rows
+    def __init__(
+        self,
+        capacities: Capacities,
+        cutoff: float,
+        like: LocalGraph,
+        owners: bool = False,
+        leaves: bool = False,
+    ) -> None:
+        owned, atoms, pairs = capacities.owned, capacities.atoms, capacities.pairs
+        self.owned, self.atoms, self.pairs = owned, atoms, pairs
+        index = {"dtype": torch.int64, "device": like.rij.device}
+        self.species = torch.empty(atoms, **index)
+        # both pair ends in one buffer: a padding pair's ends are written in one operation
+        self._ends = torch.empty(2, pairs, **index)
+        self.pair_i, self.pair_j = self._ends[0], self._ends[1]
+        self._far = like.rij.new_tensor([2.0 * cutoff + 1.0, 0.0, 0.0])
+        self.rij = like.rij.new_empty((pairs, 3))
+        self.owners = torch.empty(atoms, **index) if owners else None
 
+        def rows(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.new_empty((atoms, *t.shape[1:]))
 
-def padded(graph: LocalGraph, capacities: Capacities, cutoff: float, comm: Comm) -> LocalGraph:
-    """``graph`` padded to ``capacities`` (which hold it), with ``comm`` as its collectives;
-    the pair order is kept (padding pairs come last)."""
-    nlocal, nghost, npairs = graph.nlocal, graph.ntotal - graph.nlocal, graph.npairs
-    owned, atoms, pairs = capacities.owned, capacities.atoms, capacities.pairs
-    shift = owned - nlocal
-    padding = nlocal + torch.arange(pairs - npairs, device=graph.pair_i.device) % shift
+        self.positions = rows(like.positions)
+        self.cell = None if like.cell is None else like.cell.detach().clone()
+        self.charges = rows(like.charges)
+        self.leaves = [self.rij]
+        if self.positions is not None:
+            self.leaves += [self.positions, self.cell]
+        for leaf in self.leaves if leaves else []:
+            leaf.requires_grad_(True)
+        #: per-row buffers and the value of their padding rows
+        self._padding_rows: list[tuple[torch.Tensor, float]] = [(self.species, -1)]
+        self._padding_rows += [(t, 0.0) for t in (self.positions, self.charges) if t is not None]
+        # the padded graph, but for its collectives (keeps nothing of like's step)
+        self._graph = dataclasses.replace(
+            like,
+            nlocal=owned,
+            species=self.species,
+            pair_i=self.pair_i,
+            pair_j=self.pair_j,
+            rij=self.rij,
+            comm=NoOpComm(),
+            positions=self.positions,
+            cell=self.cell,
+            charges=self.charges,
+        )
+        self.rows = torch.empty(0, **index)
+        self._counts: tuple[int, int] | None = None  # owned and ghost rows written
+        self._npairs = pairs  # pairs written (beyond them: padding)
+        self._spread = torch.empty(0, **index)
+        self._written: dict[str, tuple[weakref.ref, int]] = {}
 
-    def placed(index: torch.Tensor) -> torch.Tensor:
-        moved = index + shift * (index >= nlocal) if nghost else index  # ghosts' rows
-        return torch.cat((moved, padding))
+    def graph(self, comm: Comm) -> LocalGraph:
+        """The padded graph over the buffers, with ``comm`` as its collectives."""
+        return dataclasses.replace(self._graph, comm=comm)
 
-    def rows(t: torch.Tensor | None, fill: float) -> torch.Tensor | None:
-        return None if t is None else laid_out(t, nlocal, owned, atoms, fill)
+    def keep_padding(self, rows: torch.Tensor, fill: float) -> None:
+        """Hold ``fill`` in the padding rows of ``rows`` (a buffer of one value per padded
+        row, which :meth:`place` writes the graph's rows into), from now on."""
+        self._padding_rows.append((rows, fill))
+        if self._counts is not None:
+            self._pad_rows(rows, fill, *self._counts)
 
-    far = graph.rij.new_zeros(pairs - npairs, 3)
-    far[:, 0] = 2.0 * cutoff + 1.0
-    return dataclasses.replace(
-        graph,
-        nlocal=owned,
-        species=rows(graph.species, -1),
-        pair_i=placed(graph.pair_i),
-        pair_j=placed(graph.pair_j),
-        rij=torch.cat((graph.rij, far)),
-        comm=comm,
-        positions=rows(graph.positions, 0),
-        charges=rows(graph.charges, 0),
-    )
+    def load(self, graph: LocalGraph, owners: torch.Tensor | None = None) -> None:
+        """``graph``'s topology (and charges) into the buffers, what changed of it only,
+        and the padding where the counts changed; ``owners``: the rows each row's forward
+        exchange copies, all owned (one rank)."""
+        nlocal, nghost, npairs = graph.nlocal, graph.ntotal - graph.nlocal, graph.npairs
+        if (nlocal, nghost) != self._counts:
+            self._place_rows(nlocal, nghost)
+            self._npairs = self.pairs  # every padding pair moves with the owned count
+        if npairs < self._npairs:  # pairs that are padding now
+            start, end = npairs, self._npairs
+            self._ends[:, start:end].copy_(self._spread[start:end].expand(2, -1))
+            self.rij[start:end].copy_(self._far.expand(end - start, 3))
+        if npairs != self._npairs:
+            self._written.clear()
+            self._npairs = npairs
+        if self._changed("species", graph.species):
+            self.species.index_copy_(0, self.rows, graph.species.long())
+        if self._changed("owners", owners):
+            self.owners.index_copy_(0, self.rows, owners.long())  # owned rows keep their number
+        # receivers too: under the widened shell ghosts receive
+        for name, ends, given in (
+            ("pair_i", self.pair_i, graph.pair_i),
+            ("pair_j", self.pair_j, graph.pair_j),
+        ):
+            if self._changed(name, given):
+                torch.index_select(self.rows, 0, given, out=ends[:npairs])
+        if self._changed("charges", graph.charges):
+            self.charges.index_copy_(0, self.rows, graph.charges)
 
+    def load_values(
+        self,
+        rij: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cell: torch.Tensor | None = None,
+    ) -> None:
+        """The differentiable inputs of a graph :meth:`load` wrote into the buffers."""
+        self.rij[: rij.shape[0]].copy_(rij)
+        if positions is not None:
+            self.positions.index_copy_(0, self.rows, positions)
+            self.cell.copy_(cell)
 
-def unpadded(energies: torch.Tensor, nlocal: int, nghost: int, owned: int) -> torch.Tensor:
-    """Per-row energies of a padded graph back in the graph's own rows."""
-    return torch.cat((energies[:nlocal], energies[owned : owned + nghost]))
+    def unpadded(self, rows: torch.Tensor) -> torch.Tensor:
+        """Per-row values of the padded graph (energies, gradients) in the graph's rows."""
+        return rows.index_select(0, self.rows)
+
+    def place(self, rows: torch.Tensor, out: torch.Tensor) -> None:
+        """Per-row values of the graph into their padded rows of ``out``."""
+        out.index_copy_(0, self.rows, rows)
+
+    def _changed(self, name: str, t: torch.Tensor | None) -> bool:
+        # whether t (None: nothing to write) is not the tensor written last time, unchanged
+        if t is None:
+            return False
+        if t.is_inference():  # no count of its writes
+            return True
+        last = self._written.get(name)
+        if last is not None and last[0]() is t and last[1] == t._version:
+            return False
+        self._written[name] = (weakref.ref(t), t._version)
+        return True
+
+    def _place_rows(self, nlocal: int, nghost: int) -> None:
+        shift = self.owned - nlocal
+        self.rows = torch.arange(nlocal + nghost, device=self.species.device)
+        self.rows[nlocal:] += shift
+        for rows, fill in self._padding_rows:
+            self._pad_rows(rows, fill, nlocal, nghost)
+        if self.owners is not None:  # padding rows copy themselves
+            self.owners.copy_(torch.arange(self.atoms, device=self.owners.device))
+        # padding pairs join owned padding rows to themselves, spread over them (into one
+        # row, their sums would serialize on atomics)
+        self._spread = nlocal + torch.arange(self.pairs, device=self.species.device) % shift
+        self._counts = (nlocal, nghost)
+        self._written.clear()
+
+    def _pad_rows(self, rows: torch.Tensor, fill: float, nlocal: int, nghost: int) -> None:
+        rows[nlocal : self.owned].fill_(fill)
+        rows[self.owned + nghost :].fill_(fill)
 
 
 class PaddedPotential(Potential):
