@@ -19,6 +19,7 @@ import math
 import torch
 
 from ..contract import LocalGraph
+from . import _coulomb
 from ._base import register_potential
 from ._coulomb import (
     QQR2E,
@@ -127,13 +128,17 @@ class Ewald(Coulomb):
     ) -> torch.Tensor:
         dtype, device = q_owned.dtype, q_owned.device
         n = _half_space_vectors(kmax, device)
+        inside = _in_sphere(n, kcell.detach().to(torch.float64), kmax)
+        captured = _coulomb.capturing()
+        if not captured:  # the k-vectors of LAMMPS's sphere only (about half of the cube)
+            n = n[inside]
         determinant, inverse = cell_inverse(kcell)
         k = n.to(dtype) @ (2.0 * math.pi * inverse.T)
         ksq = (k * k).sum(dim=1)
         weight = 4.0 * math.pi / determinant.abs() * torch.exp(-ksq / (4.0 * alpha**2)) / ksq
-        # k-vectors outside LAMMPS's sphere weigh nothing (a mask, not a selection: the
-        # k-vectors keep their number whatever the cell)
-        weight = torch.where(_in_sphere(n, kcell.detach().to(torch.float64), kmax), weight, 0.0)
+        if captured:  # the whole cube, those outside the sphere weighing nothing: the shapes
+            # of a captured graph cannot follow the cell
+            weight = torch.where(inside, weight, 0.0)
         phase = graph.positions[: graph.nlocal] @ k.T
         cos, sin = torch.cos(phase), torch.sin(phase)
         # structure factors, differentiable (the adjoint of a sum over ranks is itself)
