@@ -70,6 +70,11 @@ GPU_TORCH_TESTS := tests/test_compiled.py
 MLIAP_LAMMPS := .lammps-mliap
 MLIAP_STAMP  := $(MLIAP_LAMMPS)/.built
 
+# pytest workers (pytest-xdist), a test module each: one suite alone keeps a core and a half
+# busy (one Python, LAMMPS runs of one rank), two keep both
+WORKERS ?= 2
+PYTEST  := -m pytest -q -n $(WORKERS) --dist loadfile
+
 .PHONY: setup setup-uma test-setup demo check test test-main test-uma test-torch211 bench clean
 
 setup: $(PACKAGE_STAMP)
@@ -132,7 +137,7 @@ MLIAP_ENV = $(if $(wildcard $(MLIAP_STAMP)),\
 	NVALCHEMI_LAMMPS_MLIAP=$(CURDIR)/$(MLIAP_LAMMPS) NVALCHEMI_LAMMPS_KOKKOS=$(CURDIR)/$(MLIAP_LAMMPS))
 
 check: $(PACKAGE_STAMP)
-	$(MLIAP_ENV) $(BIN)/python -m pytest -q -m "not slow and not uma and not gpu"
+	$(MLIAP_ENV) $(BIN)/python $(PYTEST) -m "not slow and not uma and not gpu"
 
 # Setup side by side (the LAMMPS build on the cores while pip fills the environments), then
 # the three suites one after another, each in its own environment (run at once on 2 cores,
@@ -143,13 +148,13 @@ test:
 	$(MAKE) -k test-main test-uma test-torch211
 
 test-main: $(PACKAGE_STAMP) $(MLIAP_STAMP)
-	$(MLIAP_ENV) $(BIN)/python -m pytest -q -m "not uma"
+	$(MLIAP_ENV) $(BIN)/python $(PYTEST) -m "not uma"
 
 test-uma: $(UMA_PACKAGE_STAMP) $(MLIAP_STAMP)
-	$(MLIAP_ENV) $(UMA_BIN)/python -m pytest -q -m uma $(UMA_TESTS)
+	$(MLIAP_ENV) $(UMA_BIN)/python $(PYTEST) -m uma $(UMA_TESTS)
 
 test-torch211: $(GPU_TORCH_STAMP)
-	$(GPU_TORCH_BIN)/python -m pytest -q $(GPU_TORCH_TESTS)
+	$(GPU_TORCH_BIN)/python $(PYTEST) $(GPU_TORCH_TESTS)
 
 bench: $(PACKAGE_STAMP)
 	$(BIN)/nvalchemi-lammps bench benchmarks/configs/lj_4000.yaml --out /tmp/nvalchemi-bench

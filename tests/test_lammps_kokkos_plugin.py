@@ -19,6 +19,7 @@ checks stop the run with the plugin's messages.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import subprocess
@@ -90,11 +91,14 @@ def kokkos_lammps() -> KokkosLammps:
     prefix, lmp, env = built_lammps("NVALCHEMI_LAMMPS_KOKKOS")
     build = prefix / "plugin-build"
     assert (build / "CMakeCache.txt").exists(), f"{build} missing: run tools/build_plugin_kokkos.sh"
-    # the plugin as the sources are now (incremental: seconds when nothing changed)
+    # the plugin as the sources are now (incremental: seconds when nothing changed), one
+    # build at a time: modules that use this fixture may run in parallel (pytest -n)
     cmake = Path(sys.executable).parent / "cmake"
-    run_command(
-        [str(cmake) if cmake.exists() else "cmake", "--build", str(build)], build, timeout=1800
-    ).check()
+    with open(build / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        run_command(
+            [str(cmake) if cmake.exists() else "cmake", "--build", str(build)], build, timeout=1800
+        ).check()
     plugin = build / "cpp_bridge" / "nvalchemiplugin.so"
     libdir = next((prefix / "install").glob("lib*/liblammps.so")).parent
     python = _lammps_python(libdir / "liblammps.so", env)
