@@ -64,15 +64,22 @@ def _why(func, args, kwargs) -> str | None:
 class HostSyncs(TorchDispatchMode):
     """Records every operation that would synchronize with the host on a GPU
     (``found``: ``operation: why``). ``tolist()`` reads a CPU tensor without dispatching
-    and is not seen."""
+    and is not seen.
 
-    def __init__(self) -> None:
+    :param host: tensors that stay on the host also on a GPU (flags a model's modules read
+        with ``.item()``): reading them waits for nothing
+    """
+
+    def __init__(self, host=()) -> None:
         super().__init__()
         self.found: list[str] = []
+        self.host = {id(t) for t in host}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         why = _why(func, args, kwargs)
+        if func is aten._local_scalar_dense.default and id(args[0]) in self.host:
+            why = None
         if why is not None:
             caller = _caller()
             if not any(call in (caller.line or "") for call in _CPU_ONLY):
@@ -124,12 +131,13 @@ def padded_graph(
     return padded, rows
 
 
-def host_syncs(potential: Potential, graph: LocalGraph) -> tuple[list[str], torch.Tensor]:
+def host_syncs(potential: Potential, graph: LocalGraph, host=()) -> tuple[list[str], torch.Tensor]:
     """The host synchronizations of ``potential`` (prepared for capture) run forward and
     backward on ``graph`` (one rank, ``graph.comm`` a ``_systems.OneRankComm``) padded as a
     captured step pads it (:func:`padded_graph`), with the checks that run outside a
     capture left out (``capturing()`` true); and the energies of the graph's rows. Inputs
-    are cast to the potential's dtype first, as the engine casts them."""
+    are cast to the potential's dtype first, as the engine casts them. ``host``: tensors
+    that stay on the host on a GPU (:class:`HostSyncs`)."""
     from nvalchemi_lammps.potentials import _coulomb
 
     inner = potential.prepare_capture()
@@ -147,7 +155,7 @@ def host_syncs(potential: Potential, graph: LocalGraph) -> tuple[list[str], torc
         leaves["cell"] = layout.cell.detach().clone().requires_grad_(True)
     layout = dataclasses.replace(layout, **leaves)
     weights = (torch.arange(layout.ntotal) < layout.nlocal).to(dtype)  # the owned rows' sum
-    mode = HostSyncs()
+    mode = HostSyncs(host)
     capturing, _coulomb.capturing = _coulomb.capturing, lambda: True
     try:
         with mode, torch.autograd.set_multithreading_enabled(False):

@@ -2,13 +2,13 @@
 run eagerly, on the CPU (the static buffers "replayed" by running the potential on them
 again), through a replay with another cell and a capture again when the capacities grow;
 and what the forward and backward would make the host wait for on a GPU
-(tests/_host_syncs.py), for them and for the potentials captured before them. AIMNet2 is
-refused, saying why; a pipeline captures Ewald except where it reads predicted charges."""
+(tests/_host_syncs.py), for them and for the potentials captured before them. A pipeline
+captures Ewald, also where it reads another term's predicted charges (AIMNet2:
+tests/test_captured_aimnet2.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,7 +21,6 @@ from _systems import OneRankComm, System, decompose, fcc_argon_222
 
 from nvalchemi_lammps import MessagePassing, Pipeline, Potential, evaluate
 from nvalchemi_lammps.engine import CapturedPotential, capture_potential
-from nvalchemi_lammps.potentials.aimnet2 import AIMNet2
 from nvalchemi_lammps.potentials.ewald import Ewald
 from nvalchemi_lammps.potentials.pme import Pme
 
@@ -132,13 +131,6 @@ def test_derived_parameters_are_not_captured(make, what):
     )
 
 
-def test_aimnet2_is_not_captured():
-    """AIMNet2's neighbor matrix has a width read from the GPU: refused, saying so (the
-    message only: building the model imports aimnet, seconds of CPU)."""
-    with pytest.raises(ValueError, match="neighbor matrix whose width .* read back from the GPU"):
-        AIMNet2.prepare_capture(SimpleNamespace(name="aimnet2"))
-
-
 class _PredictsCharges(Potential):
     """Charges from the pair vectors (``q_i = c sum_j (|rij| - 4)``, no energy): a
     stand-in for a model whose charges feed Ewald."""
@@ -160,11 +152,11 @@ class _PredictsCharges(Potential):
         return self.outputs(graph)["energies"]
 
 
-def test_pipeline_captures_ewald_unless_it_reads_predicted_charges():
+def test_pipeline_captures_ewald_also_where_it_reads_predicted_charges():
     """Ewald in a pipeline is captured with the other terms; one that reads another
-    term's predicted charges stays eager (a padded graph holds charges as a constant, and
-    their derivative carries the predicting term's share of the forces): equal to eager
-    both ways."""
+    term's predicted charges too, with them as a differentiable input of its graphs (their
+    derivative carries the predicting term's share of the forces), while the predicting
+    term runs eagerly: equal to eager both ways."""
     positions, cell, species = argon_krypton(cells=1)
     graph = ionic_graph(positions, cell, species, np.zeros(len(species)), 6.0, PBC, ELEMENTS)
     graph = dataclasses.replace(graph, charges=None)
@@ -177,7 +169,7 @@ def test_pipeline_captures_ewald_unless_it_reads_predicted_charges():
     reading = Ewald(ELEMENTS, cutoff=6.0, alpha=0.45, kmax=5, background=True)
     predicted = Pipeline([_PredictsCharges(), message_passing(), reading], [None, None, 0])
     captured = capture_potential(predicted)
-    assert [type(t) for t in captured.terms] == [_PredictsCharges, CapturedPotential, Ewald]
+    assert [type(t) for t in captured.terms] == [_PredictsCharges, *[CapturedPotential] * 2]
     _assert_same(evaluate(captured, graph), evaluate(predicted, graph))
 
 

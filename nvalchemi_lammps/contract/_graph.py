@@ -37,6 +37,10 @@ class LocalGraph:
         model's own default
     :param task: the task (dataset) a multi-task model is to be evaluated for (``... task
         NAME``), or ``None`` for the model's own default
+    :param row_pairs: at least the most pairs any row receives, where the caller fixes it
+        (the engine's padded graphs, for a potential that lays each row's pairs side by
+        side: :attr:`Potential.pairs_by_row <nvalchemi_lammps.contract.Potential.pairs_by_row>`);
+        a padding row may receive more, all longer than the cutoff. ``None``: not given
     """
 
     nlocal: int
@@ -52,6 +56,7 @@ class LocalGraph:
     total_charge: float = 0.0
     spin: int | None = None
     task: str | None = None
+    row_pairs: int | None = None
 
     @property
     def ntotal(self) -> int:

@@ -66,6 +66,11 @@ class Potential(torch.nn.Module):
     #: neighbor list) and the engine counts it for both atoms (``evaluate(...,
     #: half_pairs=True)``): half the pairs to compute.
     symmetric_pair_terms: bool = False
+    #: The potential lays each row's received pairs side by side (a neighbor matrix, as
+    #: aimnet's modules take them), whose width is a shape: on padded graphs the engine
+    #: fixes it, a capacity at least the most pairs any row receives
+    #: (``LocalGraph.row_pairs``), grown as the other capacities are.
+    pairs_by_row: bool = False
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -8,9 +8,12 @@ addresses and shapes, so each rank's graph is padded to capacities (:mod:`._padd
 copied into static buffers every step; the potential is captured again only when a
 neighbor-list build outgrows a capacity (they grow geometrically: a bounded number of
 captures per run, :attr:`CapturedPotential.captures`). Each step writes into those buffers
-only what changed (:class:`~._padding.PaddedGraph`): the pair vectors (positions, cell)
-always, the topology when the front door hands new tensors, the padding when the counts
-change.
+only what changed (:class:`~._padding.PaddedGraph`): the pair vectors (positions, cell,
+charges that are another potential's predictions) always, the topology when the front door
+hands new tensors, the padding when the counts change. A potential that lays each row's
+pairs side by side (:attr:`~nvalchemi_lammps.contract.Potential.pairs_by_row`) has the most
+pairs a row receives as one capacity more: counted on the host (one read from the GPU,
+outside the graphs) when the front door hands new pairs, at neighbor-list builds.
 
 The forward and the backward are two graphs over one memory pool, replayed by an autograd
 function (as ``torch.cuda.make_graphed_callables`` does), so the engine differentiates a
@@ -27,6 +30,7 @@ potential on them again: everything but the graphs themselves.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -76,7 +80,7 @@ class _Key:
     exchange: bool
     one_rank: bool
     positions: bool
-    charges: bool
+    charges: str | None  # LAMMPS's ("constant") or another potential's ("differentiable")
     pbc: tuple[bool, bool, bool] | None
     state: tuple[Any, ...]
 
@@ -175,11 +179,8 @@ class _Replay(torch.autograd.Function):
             )
         # the buffers still hold this forward's layout: no other forward ran since
         padded.place(grad_out, graphs.grad_out)
-        grads = graphs.backward()
         # copies: the next replay overwrites the static gradients
-        back = [grads[0][: ctx.npairs].clone()]
-        if len(grads) > 1:
-            back += [padded.unpadded(grads[1]), grads[2].clone()]
+        back = padded.gradients(graphs.backward(), ctx.npairs)
         return (None, None, None, None, *back)
 
 
@@ -208,6 +209,8 @@ class CapturedPotential(PaddedPotential):
         self._graphs: _Graphs | None = None
         self._key: _Key | None = None
         self._padded: PaddedGraph | None = None
+        #: the pairs whose most pairs per row were counted last, and that count
+        self._counted: tuple[weakref.ref, int, int] | None = None
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:
         if self.eager_reason is None:
@@ -233,18 +236,31 @@ class CapturedPotential(PaddedPotential):
             comm.exchange,
             comm.one_rank,
             graph.positions is not None,
-            graph.charges is not None,
+            None
+            if graph.charges is None
+            else ("differentiable" if graph.charges.requires_grad else "constant"),
             graph.pbc,
             (graph.total_charge, graph.spin, graph.task),
         )
-        grown = self.capacities.fit(graph)
+        row_pairs = self._row_pairs(graph) if self.inner.pairs_by_row else None
+        grown = self.capacities.fit(graph, row_pairs)
         if grown or key != self._key or self._graphs is None:
             self._capture(graph, owners)
             self._key = key
-        differentiable = [graph.rij]
-        if graph.positions is not None:
-            differentiable += [graph.positions, graph.cell]
-        return _Replay.apply(self._graphs, self._padded, graph, owners, *differentiable)
+        padded = self._padded
+        return _Replay.apply(self._graphs, padded, graph, owners, *padded.values(graph))
+
+    def _row_pairs(self, graph: LocalGraph) -> int:
+        """The most pairs a row of ``graph`` receives: counted when the pairs are not the
+        tensor counted last time, unchanged (one read from the GPU, at neighbor-list builds)."""
+        pair_i, last = graph.pair_i, self._counted
+        if last is not None and last[0]() is pair_i and last[1] == pair_i._version:
+            return last[2]
+        counts = torch.zeros(graph.ntotal + 1, dtype=torch.int64, device=pair_i.device)
+        count = int(counts.index_add_(0, pair_i, torch.ones_like(pair_i)).max())
+        if not pair_i.is_inference():  # no count of its writes: counted every time
+            self._counted = (weakref.ref(pair_i), pair_i._version, count)
+        return count
 
     def _capture(self, graph: LocalGraph, owners: torch.Tensor | None) -> None:
         """Static buffers of the padded graph (holding ``graph``) and the graphs of the
@@ -256,7 +272,7 @@ class CapturedPotential(PaddedPotential):
         )
         with torch.no_grad():
             padded.load(graph, owners)
-            padded.load_values(graph.rij, graph.positions, graph.cell)
+            padded.load_values(*padded.values(graph))
         comm = _StaticComm(graph.comm.exchange, padded.owners, graph.comm.one_rank)
         inputs = padded.graph(comm)
         try:

@@ -168,7 +168,7 @@ class CompiledPotential(PaddedPotential):
             # the padded graph it saw, and differentiates into the step's own graph
             padded = PaddedGraph(self.capacities, self.spec.cutoff, graph)
             padded.load(graph)
-            padded.load_values(graph.rij, graph.positions, graph.cell)
+            padded.load_values(*padded.values(graph))
             # the compiled code guards only on what the potential reads of the graph
             energies = self._compiled(padded.graph(self._comm))
         return padded.unpadded(energies)

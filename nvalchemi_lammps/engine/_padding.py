@@ -15,6 +15,12 @@ vector longer than the cutoff. A potential that can run this way
 <nvalchemi_lammps.potentials.Potential.prepare_compile>`) gives such atoms and pairs zero
 energy and zero gradient, so padding changes nothing but the shapes.
 
+A potential that lays each row's pairs side by side (:attr:`Potential.pairs_by_row
+<nvalchemi_lammps.contract.Potential.pairs_by_row>`, a neighbor matrix) has one shape more,
+the most pairs a row receives: a capacity too (``row_pairs``), which the padded graph
+declares (``LocalGraph.row_pairs``). The padding rows may receive more (all the padding
+pairs, beyond the cutoff): such a potential drops what does not fit.
+
 A step's graph is written into buffers of those shapes (:class:`PaddedGraph`): new ones
 every step for a compiled potential, the same static ones for a captured potential, which
 then takes, per step, only the operations what changed needs (a few small kernels, where
@@ -33,10 +39,12 @@ import torch
 from ..contract import Comm, LocalGraph, NoOpComm, Potential
 
 
-def _capacity(count: int, headroom: float, old: int = 0, growth: float = 1.0) -> int:
-    # a multiple of 64 rows above count + headroom (at least one padding row), and at least
-    # growth x the old capacity
-    return 64 * math.ceil(max(count * (1.0 + headroom) + 1, old * growth) / 64)
+def _capacity(
+    count: int, headroom: float, old: int = 0, growth: float = 1.0, multiple: int = 64
+) -> int:
+    # a multiple of 64 (rows, pairs; 8 for row_pairs) above count + headroom (at least one
+    # padding row), and at least growth x the old capacity
+    return multiple * math.ceil(max(count * (1.0 + headroom) + 1, old * growth) / multiple)
 
 
 @dataclasses.dataclass
@@ -50,6 +58,9 @@ class Capacities:
     also on a rank without pairs: every rank's padded graph then reads the rows that it
     exchanges, and none drops an exchange (whose result nothing would read) that the other
     ranks wait for.
+
+    ``row_pairs``, the most pairs a row receives (0: not asked for), is a multiple of 8,
+    grown the same way when :meth:`fit` is given a count above it.
     """
 
     headroom: float = 0.05
@@ -57,16 +68,18 @@ class Capacities:
     owned: int = 0
     ghosts: int = 0
     pairs: int = 0
+    row_pairs: int = 0
 
     @property
     def atoms(self) -> int:
         """Rows of the padded graphs: the owned capacity plus the ghost capacity."""
         return self.owned + self.ghosts
 
-    def fit(self, graph: LocalGraph) -> bool:
-        """Grow to hold ``graph``; whether anything grew."""
+    def fit(self, graph: LocalGraph, row_pairs: int | None = None) -> bool:
+        """Grow to hold ``graph`` (and rows of ``row_pairs`` pairs, where given); whether
+        anything grew."""
         nlocal, nghost, npairs = graph.nlocal, graph.ntotal - graph.nlocal, graph.npairs
-        before = (self.owned, self.ghosts, self.pairs)
+        before = (self.owned, self.ghosts, self.pairs, self.row_pairs)
         h, g = self.headroom, self.growth
         if nlocal >= self.owned:
             self.owned = _capacity(nlocal, h, self.owned, g)
@@ -74,7 +87,10 @@ class Capacities:
             self.ghosts = _capacity(nghost, h, self.ghosts, g)
         if npairs >= self.pairs:
             self.pairs = _capacity(npairs, h, self.pairs, g)
-        return (self.owned, self.ghosts, self.pairs) != before
+        # asked for, it is given also to a rank without pairs (one row of padding)
+        if row_pairs is not None and (row_pairs > self.row_pairs or not self.row_pairs):
+            self.row_pairs = _capacity(row_pairs, h, self.row_pairs, g, multiple=8)
+        return (self.owned, self.ghosts, self.pairs, self.row_pairs) != before
 
 
 class PaddedGraph:
@@ -83,10 +99,11 @@ class PaddedGraph:
     Rows are laid out as the module says: ``rows`` is the padded row of each of the graph's
     rows. The buffers are written with as few operations as the step allows:
 
-    - the differentiable inputs (pair vectors, positions, cell) every step
-      (:meth:`load_values`), one operation each;
-    - the topology (species, pairs, owners, charges, :meth:`load`) only when it is not the
-      tensor written last time: a tensor handed again, the same object at the same
+    - the differentiable inputs (pair vectors, positions, cell, and charges where they
+      require gradients: another potential's predictions) every step (:meth:`load_values`
+      of :meth:`values`), one operation each;
+    - the topology (species, pairs, owners, LAMMPS's charges, :meth:`load`) only when it is
+      not the tensor written last time: a tensor handed again, the same object at the same
       ``_version`` (torch's count of its in-place writes), holds the same values (a front
       door hands new tensors when LAMMPS's arrays change);
     - the padding only when the counts change: padding rows (and pair padding) when the
@@ -96,7 +113,8 @@ class PaddedGraph:
     :param capacities: the shapes, which hold ``like``
     :param cutoff: the potential's; padding pairs are longer
     :param like: a graph whose optional inputs (positions, charges), dtypes, device and
-        system state the padded graph takes
+        system state the padded graph takes; its charges are differentiable inputs if they
+        require gradients
     :param owners: a buffer for the rows a forward exchange copies (:meth:`load` takes them)
     :param leaves: the differentiable buffers require gradients (the static inputs of a
         captured potential; then every write must run without autograd)
@@ -127,9 +145,13 @@ class PaddedGraph:
         self.positions = rows(like.positions)
         self.cell = None if like.cell is None else like.cell.detach().clone()
         self.charges = rows(like.charges)
-        self.leaves = [self.rij]
+        #: the differentiable inputs, by their names in a LocalGraph
+        self.names = ["rij"]
         if self.positions is not None:
-            self.leaves += [self.positions, self.cell]
+            self.names += ["positions", "cell"]
+        if like.charges is not None and like.charges.requires_grad:
+            self.names.append("charges")
+        self.leaves = [getattr(self, name) for name in self.names]
         for leaf in self.leaves if leaves else []:
             leaf.requires_grad_(True)
         #: per-row buffers and the value of their padding rows
@@ -147,6 +169,7 @@ class PaddedGraph:
             positions=self.positions,
             cell=self.cell,
             charges=self.charges,
+            row_pairs=capacities.row_pairs or None,
         )
         self.rows = torch.empty(0, **index)
         self._counts: tuple[int, int] | None = None  # owned and ghost rows written
@@ -191,20 +214,36 @@ class PaddedGraph:
         ):
             if self._changed(name, given):
                 torch.index_select(self.rows, 0, given, out=ends[:npairs])
-        if self._changed("charges", graph.charges):
+        if "charges" not in self.names and self._changed("charges", graph.charges):
             self.charges.index_copy_(0, self.rows, graph.charges)
 
-    def load_values(
-        self,
-        rij: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        cell: torch.Tensor | None = None,
-    ) -> None:
-        """The differentiable inputs of a graph :meth:`load` wrote into the buffers."""
-        self.rij[: rij.shape[0]].copy_(rij)
-        if positions is not None:
-            self.positions.index_copy_(0, self.rows, positions)
-            self.cell.copy_(cell)
+    def values(self, graph: LocalGraph) -> list[torch.Tensor]:
+        """``graph``'s differentiable inputs, in the order of :attr:`leaves`."""
+        return [getattr(graph, name) for name in self.names]
+
+    def load_values(self, *values: torch.Tensor) -> None:
+        """The differentiable inputs (:meth:`values`) of a graph :meth:`load` wrote into
+        the buffers."""
+        for name, value in zip(self.names, values, strict=True):
+            if name == "rij":
+                self.rij[: value.shape[0]].copy_(value)
+            elif name == "cell":
+                self.cell.copy_(value)
+            else:  # per row
+                getattr(self, name).index_copy_(0, self.rows, value)
+
+    def gradients(self, grads: list[torch.Tensor], npairs: int) -> list[torch.Tensor]:
+        """The gradients of the buffers' :attr:`leaves` as gradients of the graph's
+        differentiable inputs (``npairs`` pairs), new tensors."""
+        out = []
+        for name, grad in zip(self.names, grads, strict=True):
+            if name == "rij":
+                out.append(grad[:npairs].clone())
+            elif name == "cell":
+                out.append(grad.clone())
+            else:  # per row: index_select copies
+                out.append(self.unpadded(grad))
+        return out
 
     def unpadded(self, rows: torch.Tensor) -> torch.Tensor:
         """Per-row values of the padded graph (energies, gradients) in the graph's rows."""

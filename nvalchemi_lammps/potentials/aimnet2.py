@@ -22,6 +22,11 @@ What differs from aimnet, and why:
 - only the rows that receive pairs are computed: under the exchange no ghost receives one,
   and the AEV, convolutions, MLPs and heads run on the owned rows only (the senders' values
   read from the table of all rows); under the widened shell every row is computed;
+- captured as CUDA graphs (``pair_style nvalchemi ... capture``), on graphs padded to
+  capacities, the neighbor matrix's width is one of them (``LocalGraph.row_pairs``, which
+  the engine fixes and grows: :attr:`Potential.pairs_by_row`), the rows computed follow
+  the strategy (``graph.comm.exchange``) instead of the pairs, and nothing is read back
+  from the GPU: aimnet's modules read only their neighbor mode, a host tensor;
 - per-atom energies are returned instead of aimnet's per-system sum (``AtomicSum``);
 - the long-range heads are dropped: ``LRCoulomb`` (aimnet's Coulomb energy of the predicted
   charges) and ``DFTD3``/``D3TS`` (dispersion). Pipelines of this package add Ewald/PME and
@@ -51,6 +56,11 @@ from ._charge import checked_total_charge
 from ._quiet import without_warp_banner
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+#: aimnet's flags of the layout handed to its modules (neighbor mode 1, padded input): host
+#: tensors, which its modules read with ``.item()`` without waiting for the GPU, made once
+#: (a tensor made from host data in the forward would be a copy to the GPU)
+HOST_FLAGS = {"_nb_mode": torch.tensor(1), "_input_padded": torch.tensor(True)}
 
 #: Element symbols of atomic numbers 1..63: AIMNet2 embeds elements up to Z = 63.
 # fmt: off
@@ -180,6 +190,7 @@ class AIMNet2(Potential):
     """
 
     name = "aimnet2"
+    pairs_by_row = True
 
     def __init__(self, model: dict[str, Any], elements: list[str], dtype: str = "float32") -> None:
         super().__init__()
@@ -319,20 +330,11 @@ class AIMNet2(Potential):
             raise ValueError(str(err)) from None
 
     def prepare_capture(self) -> AIMNet2:
-        """Refused: aimnet's modules take the pairs as a neighbor matrix, one row per atom,
-        whose width (the most pairs of any atom) and row count (whether ghosts receive
-        pairs) this adapter reads back from the GPU every step; those are shapes, which a
-        CUDA graph fixes. Capturing it needs either that width as one more capacity of
-        the padded graphs, grown and checked on the host before each replay (the engine),
-        or aimnet's ``ConvSV`` and ``SRCoulomb`` run over a pair list.
-
-        :raises ValueError: always
-        """
-        raise ValueError(
-            f"the {self.name} model cannot be captured: aimnet's convolutions take a neighbor "
-            "matrix whose width (the most pairs of any atom) is read back from the GPU at "
-            "every step and sets the shapes"
-        )
+        """Itself: on a padded graph, whose ``row_pairs`` fixes the neighbor matrix's
+        width (the engine's capacity, :attr:`pairs_by_row`), nothing is read back from the
+        GPU and padding is inert (species -1: no features, no energy; padding pairs beyond
+        the cutoff: zero AEV, and those a padding row receives beyond the width dropped)."""
+        return self
 
     # --- evaluation ------------------------------------------------------------------------
 
@@ -373,7 +375,11 @@ def _computed_rows(graph: LocalGraph) -> int:
     """``m``: the passes compute rows ``0..m-1``, the rows that receive pairs. That is the
     owned rows when no ghost receives a pair (``strategy exchange``: the ghosts' features and
     charges then come from their owners), else every row (the widened shell, where ghosts
-    compute their own)."""
+    compute their own). On a graph of fixed shapes (``row_pairs`` given: a padded graph)
+    the strategy decides, not the pairs: the owned rows under the exchange, where no ghost
+    receives a pair; every row without it, where every ghost that sends one receives."""
+    if graph.row_pairs is not None:
+        return graph.nlocal if graph.comm.exchange else graph.ntotal
     if graph.npairs == 0 or int(graph.pair_i.max()) < graph.nlocal:
         return graph.nlocal
     return graph.ntotal
@@ -383,25 +389,35 @@ def _mode1_inputs(graph: LocalGraph, m: int, dtype: torch.dtype) -> dict[str, to
     """aimnet's flat "mode 1" layout of rows ``0..m-1`` of ``graph`` (:func:`_computed_rows`)
     and a dummy last row; ``nbmat[i]`` lists the senders of the pairs received by row ``i``,
     as rows of the whole table (``0..ntotal-1``, ghosts included), padded with the table's
-    dummy row ``ntotal``; ``r_ij`` holds the pair vectors (padding: 1, as aimnet pads)."""
+    dummy row ``ntotal``; ``r_ij`` holds the pair vectors (padding: 1, as aimnet pads).
+
+    The width is the most pairs a row receives, or ``graph.row_pairs`` where given (fixed
+    shapes): then pairs beyond it, which only padding rows receive (beyond the cutoff),
+    go to one more column, dropped."""
     n, device = graph.ntotal, graph.species.device
     order = torch.argsort(graph.pair_i, stable=True)
     receiver, sender = graph.pair_i[order], graph.pair_j[order]
-    counts = torch.bincount(receiver, minlength=m + 1)
-    width = int(counts.max()) if graph.npairs else 0
+    counts = torch.zeros(m + 1, dtype=torch.int64, device=device)
+    counts = counts.index_add_(0, receiver, torch.ones_like(receiver))
     starts = torch.cumsum(counts, 0) - counts
     slot = torch.arange(graph.npairs, device=device) - starts[receiver]
-    nbmat = torch.full((m + 1, width), n, dtype=torch.int64, device=device)
+    if graph.row_pairs is None:
+        width, spill = (int(counts.max()) if graph.npairs else 0), 0
+    else:
+        width, spill = graph.row_pairs, 1
+        slot = slot.clamp(max=width)
+    nbmat = torch.full((m + 1, width + spill), n, dtype=torch.int64, device=device)
     nbmat[receiver, slot] = sender
-    r_ij = torch.ones(m + 1, width, 3, dtype=dtype, device=device)
+    r_ij = torch.ones(m + 1, width + spill, 3, dtype=dtype, device=device)
     r_ij = r_ij.index_put((receiver, slot), graph.rij[order].to(dtype))
+    if spill:
+        nbmat, r_ij = nbmat[:, :width].contiguous(), r_ij[:, :width]
     return {
         "nbmat": nbmat,
         "r_ij": r_ij,
         "mask_ij": nbmat == n,
         "mask_i": torch.arange(m + 1, device=device) == m,
-        "_nb_mode": torch.tensor(1),
-        "_input_padded": torch.tensor(True),
+        **HOST_FLAGS,
     }
 
 
@@ -432,7 +448,7 @@ def _evaluate(
     data["g_sv"] = model.aev._calc_aev(r_ij, d_ij, data)
     # atoms the passes update: not the dummy, not NULL types (no pairs, zero features)
     real = rows(torch.cat([mapped, mapped.new_zeros(1)]))[:, None]
-    total = torch.tensor(checked_total_charge(graph.total_charge), device=d_ij.device, dtype=dtype)
+    total = d_ij.new_full((), checked_total_charge(graph.total_charge))
 
     table_a = model.afv(numbers)  # the element embedding: the first pass's features
     if model.d2features:
@@ -472,7 +488,8 @@ def _evaluate(
         elif kind == "AtomicShift":
             energies = energies + head.shifts(data["numbers"]).squeeze(-1).double()
         elif kind == "SRCoulomb":
-            energies = energies - _short_range_coulomb(head, data, table_q)
+            fixed = graph.row_pairs is not None
+            energies = energies - _short_range_coulomb(head, data, table_q, fixed)
         # AtomicSum: the engine sums the owned rows
     energies = torch.where(real[:, 0], energies, 0.0)[:m]
     if m < n:  # ghost rows: no energy computed (the engine reads owned rows only)
@@ -512,17 +529,19 @@ def _equilibrate(
 
 
 def _short_range_coulomb(
-    head: torch.nn.Module, data: dict[str, torch.Tensor], table_q: torch.Tensor
+    head: torch.nn.Module, data: dict[str, torch.Tensor], table_q: torch.Tensor, fixed: bool
 ) -> torch.Tensor:
     """Per-atom share of ``SRCoulomb``'s energy, which aimnet sums over each atom's full
     neighbor row: the same sum, kept per receiving atom (half of each pair's energy).
-    ``table_q``: every atom's charge, the senders'."""
+    ``table_q``: every atom's charge, the senders'; ``fixed``: shapes fixed (a capture)."""
     aimnet = _aimnet()
     d_ij, charges = data["d_ij"], data["charges"]
     q_j = table_q.index_select(0, data["nbmat"].flatten()).view_as(d_ij)
     if head.envelope == "exp":
         cutoff = aimnet.ops.exp_cutoff(d_ij, head.rc)
     else:
-        cutoff = aimnet.ops.cosine_cutoff(d_ij, float(head.rc))
+        # a tensor on the GPU is not read back with fixed shapes (a capture); eagerly the
+        # float, as before (in float32 the two may round pi / rc apart)
+        cutoff = aimnet.ops.cosine_cutoff(d_ij, head.rc if fixed else float(head.rc))
     e_ij = (cutoff * charges[:, None] * q_j / d_ij).masked_fill(data["mask_ij"], 0.0)
     return head._factor * e_ij.sum(-1, dtype=torch.float64)

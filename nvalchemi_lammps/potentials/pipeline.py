@@ -112,12 +112,12 @@ class Pipeline(Potential):
         which no fixed-shape graph can do, so that selection runs eagerly between compiled
         terms. Terms that ``wrap`` refuses (no compile support) run eagerly too, and so
         does a term whose predicted charges feed another (a compiled term returns energies
-        only), and the term that reads them (a padded graph holds charges as a constant
-        input: their derivative, through which the predicting term's forces pass, would
-        be lost)."""
+        only). The term that reads them is compiled: its padded graph takes the predicted
+        charges as a differentiable input, through which the predicting term's share of
+        the forces passes."""
         terms = []
         for k, term in enumerate(self.terms):
-            if k not in self.charges_from and self.charges_from[k] is None:
+            if k not in self.charges_from:
                 try:
                     term = wrap(term)
                 except ValueError:  # prepare_compile's refusal: this term stays eager
