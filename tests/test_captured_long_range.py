@@ -18,6 +18,7 @@ from _ionic_systems import PBC, SLAB_PBC, rock_salt, slab_system
 from _pipeline_terms import ELEMENTS, message_passing
 from _pipeline_terms import system as argon_krypton
 from _systems import OneRankComm, System, decompose, fcc_argon_222
+from test_captured import POTENTIALS as CAPTURED_BEFORE
 
 from nvalchemi_lammps import MessagePassing, Pipeline, Potential, evaluate
 from nvalchemi_lammps.engine import CapturedPotential, capture_potential
@@ -174,28 +175,6 @@ def test_pipeline_captures_ewald_also_where_it_reads_predicted_charges():
 
 
 # --- host synchronizations -------------------------------------------------------------
-
-
-def _mace():
-    from _mace_models import random_mace
-
-    from nvalchemi_lammps.potentials.mace import Mace
-
-    return Mace.from_model(random_mace(), dtype="float64")
-
-
-def _dftd3():
-    from nvalchemi_lammps.potentials.dftd3 import DFTD3
-
-    return DFTD3(["Ar", "Ne"], cutoff=6.0, cn_cutoff=5.0)
-
-
-#: Potentials captured before Ewald and PME, on argon with ghosts exchanged by owned row.
-CAPTURED_BEFORE = {
-    "message_passing": lambda: MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, seed=3),
-    "dftd3": _dftd3,
-    "mace": _mace,
-}
 
 
 def _argon_graph(cutoff: float):
