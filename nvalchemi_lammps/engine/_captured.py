@@ -13,7 +13,8 @@ charges that are another potential's predictions) always, the topology when the 
 hands new tensors, the padding when the counts change. A potential that lays each row's
 pairs side by side (:attr:`~nvalchemi_lammps.contract.Potential.pairs_by_row`) has the most
 pairs a row receives as one capacity more: counted on the host (one read from the GPU,
-outside the graphs) when the front door hands new pairs, at neighbor-list builds.
+outside the graphs) when the front door hands new pairs (the doors wrap LAMMPS's pairs
+anew every step).
 
 The forward and the backward are two graphs over one memory pool, replayed by an autograd
 function (as ``torch.cuda.make_graphed_callables`` does), so the engine differentiates a
@@ -252,7 +253,7 @@ class CapturedPotential(PaddedPotential):
 
     def _row_pairs(self, graph: LocalGraph) -> int:
         """The most pairs a row of ``graph`` receives: counted when the pairs are not the
-        tensor counted last time, unchanged (one read from the GPU, at neighbor-list builds)."""
+        tensor counted last time, unchanged (one read from the GPU, outside the graphs)."""
         pair_i, last = graph.pair_i, self._counted
         if last is not None and last[0]() is pair_i and last[1] == pair_i._version:
             return last[2]
