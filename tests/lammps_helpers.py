@@ -375,3 +375,45 @@ def built_lammps(variable: str) -> tuple[Path, Path, dict[str, str]]:
         "LAMMPS_PLUGIN_PATH": "",
     }
     return prefix, lmp, env
+
+
+#: The first word of the line that opens a segment of a LAMMPS input (:func:`segment_start`)
+SEGMENT = "SEGMENT"
+
+
+def segment_start(name: str) -> str:
+    """A ``print`` of the line that opens segment ``name`` of a LAMMPS input that holds
+    several evaluations one after the other (one process for several comparisons);
+    :func:`segments` cuts the output there."""
+    return f'print "{SEGMENT} {name}"\n'
+
+
+def segments(output: str) -> dict[str, str]:
+    """The output of each segment (:func:`segment_start`) by name, in order: from its line
+    to the next segment's, the last one to the end."""
+    parts = re.split(rf"^{SEGMENT} (\S+)\n", output, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+#: Commands that dump each atom's owning rank every ``{every}`` steps (step 0 included) to
+#: ``{path}``, for :func:`atoms_migrated`.
+OWNER_DUMP = (
+    "compute owner all property/atom proc\ndump owner all custom {every} {path} id c_owner\n"
+)
+
+
+def atoms_migrated(path) -> int:
+    """Atoms whose owning rank differs between the first and the last frame of a dump of
+    :data:`OWNER_DUMP` (a lower bound of the migrations between ranks in between)."""
+    text = Path(path).read_text()
+    frames = []
+    for frame in text.split("ITEM: TIMESTEP")[1:]:
+        lines = frame.splitlines()
+        start = next(k for k, line in enumerate(lines) if line.startswith("ITEM: ATOMS"))
+        assert lines[start].split()[2:] == ["id", "c_owner"], lines[start]
+        rows = np.array([line.split() for line in lines[start + 1 :] if line.strip()], dtype=int)
+        frames.append(rows[np.argsort(rows[:, 0])])
+    assert len(frames) >= 2, f"{path}: {len(frames)} frame(s)"
+    first, last = frames[0], frames[-1]
+    np.testing.assert_array_equal(first[:, 0], last[:, 0])
+    return int(np.count_nonzero(first[:, 1] != last[:, 1]))

@@ -1,7 +1,8 @@
 """``pair_style nvalchemi`` with a Lennard-Jones model against LAMMPS's own ``lj/cut``.
 
-Each test is one LAMMPS run on 1, 2 or 4 ranks: ``lj/cut`` → ``run 0`` → dump, then the
-same atoms under ``pair_style nvalchemi`` → ``run 0`` → dump. Compared per atom by ID:
+Each test is one LAMMPS comparison on 1, 2 or 4 ranks: ``lj/cut`` → ``run 0`` → dump, then
+the same atoms under ``pair_style nvalchemi`` → ``run 0`` → dump. The systems on one rank
+count are segments of one LAMMPS process, ``clear`` between them (the ranks start once). Compared per atom by ID:
 forces, per-atom energy (``compute pe/atom``), per-atom virial stress (``compute
 stress/atom``); globally: total energy and the pressure tensor (thermo's, and its virial part
 alone). Every quantity must agree to 1e-10 relative (``max|a-b| / max|ref|``).
@@ -39,6 +40,8 @@ from lammps_helpers import (
     atoms_per_rank,
     dump_commands,
     print_results,
+    segment_start,
+    segments,
 )
 
 from nvalchemi_lammps.lammps_run import read_dump, read_results, run_lammps
@@ -198,8 +201,11 @@ GLOBAL_EXPRESSIONS = {
 PER_ATOM_COLUMNS = [c for columns in PER_ATOM.values() for c in columns]
 
 
-def comparison_script(system: System, data: Path, model: Path, nprocs: int) -> str:
-    """lj/cut, then the plugin, on the same atoms in one run; a dump and a print each."""
+def comparison_script(
+    system: System, data: Path, model: Path, nprocs: int, prefix: str = ""
+) -> str:
+    """lj/cut, then the plugin, on the same atoms in one run; a dump and a print each (the
+    dumps ``PREFIXreference.dump`` and ``PREFIXplugin.dump``)."""
     block = textwrap.dedent
     virial = " ".join(f"c_virial[{k}]" for k in range(1, 7))
     return "".join(
@@ -222,11 +228,11 @@ def comparison_script(system: System, data: Path, model: Path, nprocs: int) -> s
                 """
             ),
             block(system.reference),
-            dump_commands("reference", "reference.dump", PER_ATOM_COLUMNS),
+            dump_commands("reference", f"{prefix}reference.dump", PER_ATOM_COLUMNS),
             "run 0\nundump reference\n",
             print_results("REFERENCE", GLOBAL_EXPRESSIONS),
             system.plugin_commands(model),
-            dump_commands("plugin", "plugin.dump", PER_ATOM_COLUMNS),
+            dump_commands("plugin", f"{prefix}plugin.dump", PER_ATOM_COLUMNS),
             "run 0\nundump plugin\n",
             print_results("PLUGIN", GLOBAL_EXPRESSIONS),
         ]
@@ -243,13 +249,14 @@ def _plugin_list(output: str) -> str:
     raise AssertionError("no neighbor list of pair nvalchemi in the output")
 
 
-def _compare(system: System, nprocs: int, run, tmp_path: Path) -> None:
-    """The plugin's dump and thermo against lj/cut's, per atom by ID and globally."""
-    ref = read_dump(tmp_path / "reference.dump")
-    got = read_dump(tmp_path / "plugin.dump")
+def _compare(system: System, nprocs: int, output: str, workdir: Path, prefix: str = "") -> None:
+    """The plugin's dump and thermo against lj/cut's (:func:`comparison_script`'s, ``output``
+    its screen output), per atom by ID and globally."""
+    ref = read_dump(workdir / f"{prefix}reference.dump")
+    got = read_dump(workdir / f"{prefix}plugin.dump")
     assert_same_atoms(got, ref, ARGON_ATOMS)
-    ref_global = read_results(run.output, "REFERENCE")
-    got_global = read_results(run.output, "PLUGIN")
+    ref_global = read_results(output, "REFERENCE")
+    got_global = read_results(output, "PLUGIN")
 
     def stack(table, names):
         return np.stack([table[n] for n in names], axis=-1)
@@ -271,19 +278,47 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def runs(argon_data, models, tmp_path_factory):
+    """Every system of :data:`CASES` on one rank count in one LAMMPS process, ``clear``
+    between them (the ranks start and import torch once), made when a test first asks:
+    ``runs(nprocs) -> (workdir, {system id: its output})``; system ``S`` dumps
+    ``S-reference.dump`` and ``S-plugin.dump``."""
+    cache = {}
+
+    def run(nprocs: int):
+        if nprocs not in cache:
+            workdir = tmp_path_factory.mktemp(f"np{nprocs}")
+            scripts = {
+                s.id: comparison_script(s, argon_data, models[s.model], nprocs, f"{s.id}-")
+                for s in SYSTEMS
+                if nprocs in RANKS.get(s.id, [1, 4])
+            }
+            script = "".join(
+                "clear\n" + segment_start(name) + text for name, text in scripts.items()
+            )
+            output = run_lammps(script, nprocs, workdir, timeout=1200).check().output
+            outputs = segments(output)
+            assert list(outputs) == list(scripts), (list(outputs), list(scripts))
+            cache[nprocs] = workdir, outputs
+        return cache[nprocs]
+
+    return run
+
+
 @pytest.mark.parametrize(("system", "nprocs"), CASES)
-def test_plugin_matches_lj_cut(system, nprocs, argon_data, models, tmp_path):
-    script = comparison_script(system, argon_data, models[system.model], nprocs)
-    run = run_lammps(script, nprocs, tmp_path, timeout=600).check()
+def test_plugin_matches_lj_cut(system, nprocs, runs):
+    workdir, outputs = runs(nprocs)
+    output = outputs[system.id]
     # symmetric pair terms: lj/cut's half list, each pair once, ghost energies folded
-    assert _plugin_list(run.output).startswith("attributes: half")
-    _compare(system, nprocs, run, tmp_path)
+    assert _plugin_list(output).startswith("attributes: half")
+    _compare(system, nprocs, output, workdir, f"{system.id}-")
 
     if system.processors and nprocs > 1:
         # the plugin's run (the last summary) really had a rank without atoms
-        assert atoms_per_rank(run.output, "Nlocal")[-1][0] == 0
+        assert atoms_per_rank(output, "Nlocal")[-1][0] == 0
         if nprocs == 4:
-            assert atoms_per_rank(run.output, "Nghost")[-1][0] == 0
+            assert atoms_per_rank(output, "Nghost")[-1][0] == 0
 
 
 @pytest.mark.parametrize("nprocs", [1, 4], ids=lambda n: f"np{n}")
@@ -306,4 +341,4 @@ def test_directed_pair_scalars_match_lj_cut(nprocs, argon_data, tmp_path):
     env = {"PYTHONPATH": importable_in_lammps(tmp_path / "site")}
     run = run_lammps(script, nprocs, tmp_path, timeout=600, env=env).check()
     assert _plugin_list(run.output).startswith("attributes: full")
-    _compare(system, nprocs, run, tmp_path)
+    _compare(system, nprocs, run.output, tmp_path)

@@ -1,6 +1,7 @@
 """A pipeline (Lennard-Jones + a 2-layer message-passing term + Ewald with fixed charges)
 through ``pair_style nvalchemi`` on 1, 2 and 4 ranks, both strategies and compiled, against
 the same pipeline on the whole periodic system without LAMMPS; exported from a TOML file.
+The runs on one rank count are segments of one LAMMPS process, ``clear`` between them.
 
 Per-atom stress is not compared: the reference's per-atom virial holds the pairwise part
 only, and Ewald's reciprocal part has no per-atom split.
@@ -14,7 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _pipeline_terms import ELEMENTS, system, terms
-from lammps_helpers import NPROCS, PRESSURE, assert_matches_reference, print_results
+from lammps_helpers import (
+    NPROCS,
+    PRESSURE,
+    assert_matches_reference,
+    print_results,
+    segment_start,
+    segments,
+)
 
 from nvalchemi_lammps import Pipeline
 from nvalchemi_lammps.cli import main as cli_main
@@ -71,9 +79,15 @@ def case(tmp_path_factory) -> tuple[Path, Path, object, np.ndarray]:
     return data, model, ref, cell
 
 
-def _run(data: Path, model: Path, nprocs: int, strategy: str, workdir: Path, compile="no"):
-    workdir.mkdir(parents=True, exist_ok=True)
-    script = textwrap.dedent(
+EAGER = [("exchange", "exchange", "no"), ("shell", "shell", "no")]
+COMPILED = ("compiled", "exchange", "yes")
+#: The runs on each rank count: (name, strategy, compile); compiled at 4 ranks:
+#: tests/test_lammps_compile.py (message passing and MACE)
+RUNS = {1: [*EAGER, COMPILED], 2: [*EAGER, COMPILED], 4: EAGER}
+
+
+def _evaluation(data: Path, model: Path, name: str, strategy: str, compile: str) -> str:
+    return textwrap.dedent(
         f"""\
         units metal
         atom_style atomic
@@ -83,31 +97,54 @@ def _run(data: Path, model: Path, nprocs: int, strategy: str, workdir: Path, com
         pair_coeff * * {" ".join(ELEMENTS)}
         compute pe all pe/atom
         thermo_style custom step pe {" ".join(PRESSURE)}
-        dump d all custom 1 atoms.dump id fx fy fz c_pe
+        dump d all custom 1 {name}.dump id fx fy fz c_pe
         dump_modify d sort id format float "%.17g"
         run 0
         """
     ) + print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
-    run = run_lammps(script, nprocs, workdir, timeout=600).check()
-    return read_dump(workdir / "atoms.dump"), read_results(run.output), run.output
+
+
+@pytest.fixture(scope="module")
+def runs(case, tmp_path_factory):
+    """The :data:`RUNS` of one rank count in one LAMMPS process, ``clear`` between them (the
+    ranks start and import torch once), made when a test first asks: ``runs(nprocs) ->
+    {name: (dump, printed results, output)}``."""
+    data, model, _, _ = case
+    cache = {}
+
+    def run(nprocs: int):
+        if nprocs not in cache:
+            workdir = tmp_path_factory.mktemp(f"np{nprocs}")
+            script = "".join(
+                "clear\n" + segment_start(name) + _evaluation(data, model, name, *how)
+                for name, *how in RUNS[nprocs]
+            )
+            outputs = segments(run_lammps(script, nprocs, workdir, timeout=1200).check().output)
+            assert list(outputs) == [name for name, *_ in RUNS[nprocs]], list(outputs)
+            cache[nprocs] = {
+                name: (read_dump(workdir / f"{name}.dump"), read_results(output), output)
+                for name, output in outputs.items()
+            }
+        return cache[nprocs]
+
+    return run
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
-def test_pipeline_equals_reference(case, nprocs, tmp_path):
-    data, model, ref, cell = case
+def test_pipeline_equals_reference(case, nprocs, runs):
+    _, _, ref, cell = case
     for strategy in ("exchange", "shell"):
-        atoms, glob, _ = _run(data, model, nprocs, strategy, tmp_path / strategy)
+        atoms, glob, _ = runs(nprocs)[strategy]
         label = f"pipeline/{strategy}/np{nprocs}"
         assert_matches_reference(label, atoms, glob, ref, cell, stress=False)
 
 
-# compiled at 4 ranks: tests/test_lammps_compile.py (message passing and MACE)
 @pytest.mark.parametrize("nprocs", [1, 2], ids=["np1", "np2"])
-def test_compiled_pipeline_equals_reference(case, nprocs, tmp_path):
+def test_compiled_pipeline_equals_reference(case, nprocs, runs):
     """``compile yes``: Lennard-Jones and the message-passing term compiled, each on its own
     padded graph, Ewald eager between them; the same numbers."""
-    data, model, ref, cell = case
-    atoms, glob, log = _run(data, model, nprocs, "exchange", tmp_path, compile="yes")
+    _, _, ref, cell = case
+    atoms, glob, log = runs(nprocs)["compiled"]
     summary = "torch.compile (default): lennard_jones, message_passing; eager: ewald"
     assert summary in log, "the pair style did not say what it compiled"
     assert "2 graph(s) compiled during this run" in log
