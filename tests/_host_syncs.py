@@ -64,7 +64,9 @@ def _why(func, args, kwargs) -> str | None:
 class HostSyncs(TorchDispatchMode):
     """Records every operation that would synchronize with the host on a GPU
     (``found``: ``operation: why``). ``tolist()`` reads a CPU tensor without dispatching
-    and is not seen.
+    and is not seen. A number assigned by indexing (``x[..., 0] = 1.0``) is lifted into a
+    host scalar that only fills the device tensor: the fill takes the number on the host,
+    nothing is copied, and it is not recorded.
 
     :param host: tensors that stay on the host also on a GPU (flags a model's modules read
         with ``.item()``): reading them waits for nothing
@@ -74,18 +76,28 @@ class HostSyncs(TorchDispatchMode):
         super().__init__()
         self.found: list[str] = []
         self.host = {id(t) for t in host}
+        #: scalars lifted from host numbers, by id (kept alive: ids stay unique), and the
+        #: record each made, withdrawn when the scalar only fills a tensor
+        self._lifted: dict[int, tuple[torch.Tensor, str]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is aten.fill_.Tensor and id(args[1]) in self._lifted:
+            self.found.remove(self._lifted.pop(id(args[1]))[1])
         why = _why(func, args, kwargs)
         if func is aten._local_scalar_dense.default and id(args[0]) in self.host:
             why = None
+        record = None
         if why is not None:
             caller = _caller()
             if not any(call in (caller.line or "") for call in _CPU_ONLY):
                 where = f"{caller.filename.rsplit('/', 1)[-1]}:{caller.lineno}"
-                self.found.append(f"{func} at {where} ({caller.line}): {why}")
-        return func(*args, **kwargs)
+                record = f"{func} at {where} ({caller.line}): {why}"
+                self.found.append(record)
+        out = func(*args, **kwargs)
+        if func is aten.lift_fresh.default and record is not None and out.dim() == 0:
+            self._lifted[id(out)] = (out, record)
+        return out
 
 
 def padded_graph(
@@ -131,13 +143,16 @@ def padded_graph(
     return padded, rows
 
 
-def host_syncs(potential: Potential, graph: LocalGraph, host=()) -> tuple[list[str], torch.Tensor]:
+def host_syncs(
+    potential: Potential, graph: LocalGraph, host=(), capturing: bool = True
+) -> tuple[list[str], torch.Tensor]:
     """The host synchronizations of ``potential`` (prepared for capture) run forward and
     backward on ``graph`` (one rank, ``graph.comm`` a ``_systems.OneRankComm``) padded as a
     captured step pads it (:func:`padded_graph`), with the checks that run outside a
-    capture left out (``capturing()`` true); and the energies of the graph's rows. Inputs
-    are cast to the potential's dtype first, as the engine casts them. ``host``: tensors
-    that stay on the host on a GPU (:class:`HostSyncs`)."""
+    capture left out (``capturing()`` true; ``capturing=False``: run as outside a capture,
+    checks included); and the energies of the graph's rows. Inputs are cast to the
+    potential's dtype first, as the engine casts them. ``host``: tensors that stay on the
+    host on a GPU (:class:`HostSyncs`)."""
     from nvalchemi_lammps.potentials import _coulomb
 
     inner = potential.prepare_capture()
@@ -156,12 +171,12 @@ def host_syncs(potential: Potential, graph: LocalGraph, host=()) -> tuple[list[s
     layout = dataclasses.replace(layout, **leaves)
     weights = (torch.arange(layout.ntotal) < layout.nlocal).to(dtype)  # the owned rows' sum
     mode = HostSyncs(host)
-    capturing, _coulomb.capturing = _coulomb.capturing, lambda: True
+    outside, _coulomb.capturing = _coulomb.capturing, lambda: capturing
     try:
         with mode, torch.autograd.set_multithreading_enabled(False):
             energies = inner(layout)
             grads = weights.to(energies.dtype)
             torch.autograd.grad(energies, list(leaves.values()), grads, allow_unused=True)
     finally:
-        _coulomb.capturing = capturing
+        _coulomb.capturing = outside
     return mode.found, energies.detach()[rows]

@@ -118,6 +118,16 @@ class Potential(torch.nn.Module):
         :raises ValueError: with what is wrong
         """
 
+    def check_graph(self, graph: LocalGraph) -> None:
+        """Refuse a step's graph the potential cannot evaluate, by a check that reads values
+        back from the device (a count of neighbors, say). A captured step replays graphs
+        without running the forward: the engine calls this on each step's graph before the
+        replay, outside the graphs; the potential's forward calls it where no capture is
+        under way. The default refuses nothing.
+
+        :raises ValueError: with what is wrong
+        """
+
     def pair_terms(self, graph: LocalGraph) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A pair potential's energy and derivative in closed form, which the engine then
         uses instead of differentiating :meth:`forward` (the same energies): each pair's

@@ -226,6 +226,7 @@ class CapturedPotential(PaddedPotential):
         return self.inner(graph)
 
     def _replayed(self, graph: LocalGraph) -> torch.Tensor:
+        self.inner.check_graph(graph)  # the forward's own checks do not run at a replay
         comm = graph.comm
         owners = comm.local_owners(graph.rij.device) if comm.exchange else None
         if comm.exchange and owners is None:

@@ -23,11 +23,24 @@ What differs from fairchem, and why:
   ``graph.comm.allreduce``;
 - per-atom energies are returned instead of the head's per-system sum;
 - fairchem turns each edge's frame about the edge by a random angle at every call, to which
-  the model is invariant up to rounding (1e-16 relative in float64); here the angles come
-  from a fixed seed, so that an evaluation repeats bit for bit;
+  the model is invariant up to rounding (1e-16 relative in float64); here edge ``k`` turns
+  by the ``k``-th draw of torch's CPU generator seeded with :data:`ROLL_SEED` (its draws
+  do not depend on how many are drawn), on every device, so that an evaluation repeats
+  bit for bit, eagerly or captured;
 - fairchem caps an atom's neighbors at ``max_neighbors`` (the nearest); LAMMPS lists all
-  pairs within the cutoff. A rank on which an atom has more neighbors than that stops with
-  an error instead of computing another function.
+  pairs within the cutoff. A rank on which an atom has more neighbors than that within the
+  cutoff stops with an error instead of computing another function.
+
+Captured as CUDA graphs (:meth:`Uma.prepare_capture`) on a graph padded to capacities
+(``engine/_padding.py``), padding is inert: padding atoms (species -1) send nothing but
+along padding pairs, which join padding atoms only and lie beyond the cutoff, where
+fairchem's envelope is exactly zero (value and gradient), so their messages are zero; the
+channel balancing, the composition and the energies leave padding atoms out. Nothing in
+the forward or backward waits for the host: what reads values or copies host data runs
+outside the capture, at the engine's warm-ups, and is remembered for it: the system's
+charge, spin and embedding (constants of a capture: the engine captures again when they
+change) and the roll angles, drawn for the capacity's edge count. The neighbor count runs
+outside too, before each replay (:meth:`Uma.check_graph`).
 
 The system's net charge is ``graph.total_charge`` (``pair_style nvalchemi ... charge Q``),
 an integer from -100 to 100 as UMA embeds it. The spin multiplicity (0 for "not given", the
@@ -55,12 +68,14 @@ checks of exactness.
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..contract import LocalGraph, ModelSpec, check_keys
+from . import _coulomb
 from ._base import Potential, register_potential
 from ._charge import checked_total_charge
 from ._quiet import without_warnings, without_warp_banner
@@ -73,6 +88,9 @@ MAX_SPIN = 100
 
 #: Seed of the random roll angles of the edge frames (see ``Uma.forward``).
 ROLL_SEED = 0
+
+#: The table of roll angles grows by at least this factor when an evaluation has more edges.
+ROLL_GROWTH = 1.25
 
 #: Backbone options that describe fairchem's own graph construction, force and stress
 #: outputs or training: set here, whatever a configuration says.
@@ -325,6 +343,10 @@ class Uma(Potential):
         )
         self.task = task
         self.spin = int(spin)
+        # the roll angles' table, by dtype and device; the values made outside a capture
+        self._rolls: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+        self._remembered: dict[str, tuple[Any, Any]] = {}
+        self._for_capture = False
         self.spec = ModelSpec(
             elements=tuple(elements),
             cutoff=float(network.cutoff),
@@ -456,26 +478,39 @@ class Uma(Potential):
 
     # --- evaluation ------------------------------------------------------------------------
 
+    def prepare_capture(self) -> Uma:
+        """A copy sharing the modules (itself if prepared already), with the values it makes
+        outside the captures (module doc) its own: a graph reads them where they were at its
+        capture, and an eager evaluation of this potential then does not replace them."""
+        if self._for_capture:
+            return self
+        prepared = copy.copy(self)
+        prepared._rolls, prepared._remembered = {}, {}
+        prepared._for_capture = True
+        return prepared
+
     def forward(self, graph: LocalGraph) -> torch.Tensor:
         """Per-atom energies ``(ntotal,)``: right for owned rows (the engine sums those)."""
         backbone, dtype = self.backbone, self.spec.torch_dtype
         n, device = graph.ntotal, graph.species.device
         mapped = graph.species >= 0
         numbers = torch.where(mapped, self.atomic_numbers[graph.species.clamp(min=0)], 0)
-        self._check_neighbors(graph)
+        capturing = _coulomb.capturing()
+        if not capturing:
+            self.check_graph(graph)
 
-        # fairchem's data: one system; charge and spin as the long integers it reads
-        charge = torch.tensor([round(checked_total_charge(graph.total_charge))], device=device)
         # the input script's spin and task, else the model's own
-        spin = torch.tensor([self.spin if graph.spin is None else graph.spin], device=device)
+        spin = self.spin if graph.spin is None else graph.spin
         task = self.task if graph.task is None else graph.task
-        system = backbone.csd_embedding(charge, spin, [task])
+        state = (round(checked_total_charge(graph.total_charge)), spin, task, dtype, device)
+        charge, spin, system = self._outside_capture("system", state, capturing, self._system)
         sys_node_embedding = system.expand(n, -1)
         counts = self._composition(numbers, mapped, graph)
 
         # the graph: edges pair_j (source) -> pair_i (target), vector x[j] - x[i]. fairchem's
         # convolutions need an edge: without pairs, a dummy row n gets a self-loop longer than
         # the cutoff (as fairchem's add_n_empty_edges), whose envelope makes its message zero
+        # (a padded graph always has a padding pair)
         senders, receivers, vectors = graph.pair_j, graph.pair_i, graph.rij.to(dtype)
         rows = n
         if graph.npairs == 0:
@@ -490,12 +525,8 @@ class Uma(Potential):
         distances = torch.linalg.norm(vectors, dim=-1)
         if self.experts:
             self._mix_experts(counts, system, edge_index.shape[1])
-        # fairchem rolls each edge's frame by a random angle at every call (the model is
-        # invariant to it up to rounding): drawn from a fixed seed here, so that evaluations
-        # repeat bit for bit and torch's generator is left alone
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(ROLL_SEED)
-            wigner, wigner_inv = backbone._get_rotmat_and_wigner(vectors)
+        rolls = self._roll_fractions(vectors.shape[0], dtype, device, capturing)
+        wigner, wigner_inv = _rotations(backbone, vectors, rolls)
         coefficient_index = backbone.coefficient_index if backbone.mmax != backbone.lmax else None
         wigner, wigner_inv = backbone.backend.prepare_wigner(
             wigner, wigner_inv, backbone.mappingReduced, coefficient_index
@@ -544,6 +575,55 @@ class Uma(Potential):
             energies = self._denormalized(energies, numbers[:n], counts, task)
         return torch.where(mapped, energies, 0.0)
 
+    # --- what is made outside a capture ----------------------------------------------------
+
+    def _outside_capture(self, name: str, key: Any, capturing: bool, make: Any) -> Any:
+        """``make(key)``, made where no capture is under way and remembered; inside a capture,
+        the value remembered for the same ``key`` at the engine's warm-ups, which the graph
+        then reads."""
+        if capturing:
+            remembered = self._remembered.get(name)
+            if remembered is None or remembered[0] != key:
+                raise RuntimeError(f"UMA's {name} was not made before the capture (no warm-up)")
+            return remembered[1]
+        value = make(key)
+        self._remembered[name] = (key, value)
+        return value
+
+    def _system(
+        self, state: tuple[int, int, str, torch.dtype, torch.device]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """fairchem's one system: charge and spin as the long integers it reads (copied from
+        the host; its embedding reads values back), and their embedding with the task's. The
+        embedding may write into ``spin`` (a linear embedding's spin 0), which the channel
+        balancing then reads, as fairchem's does."""
+        charge, spin, task, _, device = state
+        charge = torch.tensor([charge], device=device)
+        spin = torch.tensor([spin], device=device)
+        return charge, spin, self.backbone.csd_embedding(charge, spin, [task])
+
+    def _roll_fractions(
+        self, count: int, dtype: torch.dtype, device: torch.device, capturing: bool
+    ) -> torch.Tensor:
+        """The roll angles of ``count`` edges in turns: the first ``count`` draws in ``dtype``
+        (as fairchem's ``torch.rand``) of torch's CPU generator seeded with
+        :data:`ROLL_SEED`, whatever the device. Kept in a table on the device, drawn again
+        :data:`ROLL_GROWTH` times longer when outgrown: the CPU generator draws one value
+        after the other, so the first ones stay the same. Inside a capture the table holds
+        them already (drawn at the warm-ups, for the same edges): nothing is drawn or
+        copied there."""
+        table = self._rolls.get((dtype, device))
+        if table is None or table.shape[0] < count:
+            if capturing:
+                raise RuntimeError(
+                    f"UMA's roll angles of {count} edges were not drawn before the capture"
+                )
+            size = count if table is None else max(count, math.ceil(ROLL_GROWTH * len(table)))
+            generator = torch.Generator().manual_seed(ROLL_SEED)
+            table = torch.rand(size, dtype=dtype, generator=generator).to(device)
+            self._rolls[(dtype, device)] = table
+        return table[:count]
+
     # --- the mixture of experts and the predict unit's normalization ------------------------
 
     def _composition(
@@ -559,9 +639,13 @@ class Uma(Potential):
         )
         if not (composition or means):
             return None
-        owned = numbers[: graph.nlocal][mapped[: graph.nlocal]]
-        counts = torch.bincount(owned, minlength=self.backbone.max_num_elements)
-        return graph.comm.allreduce(counts.to(torch.float64))
+        # added up in float64 rather than bincount's, whose length is read back on a GPU
+        owned = graph.nlocal
+        counts = torch.zeros(
+            self.backbone.max_num_elements, dtype=torch.float64, device=numbers.device
+        )
+        counts = counts.index_add_(0, numbers[:owned], mapped[:owned].to(torch.float64))
+        return graph.comm.allreduce(counts)
 
     def _mix_experts(self, counts: torch.Tensor | None, system: torch.Tensor, edges: int) -> None:
         """fairchem's ``eSCNMDMoeBackbone.set_MOLE_coefficients`` and ``set_MOLE_sizes`` for
@@ -583,18 +667,19 @@ class Uma(Potential):
             backbone.mole_dropout(backbone.routing_mlp(mixed))
         )
         backbone.global_mole_tensors.expert_mixing_coefficients = coefficients
-        backbone.global_mole_tensors.mole_sizes = torch.tensor([edges])
+        # on the host, where fairchem reads it (tolist)
+        backbone.global_mole_tensors.mole_sizes = torch.full((1,), edges, dtype=torch.int64)
 
     def _head_energies(self, scalars: torch.Tensor, task: str) -> torch.Tensor:
         """The energy MLP on each atom's scalar embedding; a head with an expert per dataset
         takes the task's expert (fairchem's one-hot coefficients)."""
         if self._head is not None:
             tensors, expert_of = self._head
-            experts = self.energy_block[0].weights.shape[0]
-            one_hot = scalars.new_zeros(1, experts)
-            one_hot[0, expert_of[task]] = 1.0
-            tensors.expert_mixing_coefficients = one_hot
-            tensors.mole_sizes = torch.tensor([scalars.shape[0]])
+            experts = torch.arange(self.energy_block[0].weights.shape[0], device=scalars.device)
+            tensors.expert_mixing_coefficients = (experts == expert_of[task]).to(scalars.dtype)[
+                None
+            ]
+            tensors.mole_sizes = torch.full((1,), scalars.shape[0], dtype=torch.int64)
         return self.energy_block(scalars).squeeze(-1)
 
     def _denormalized(
@@ -611,12 +696,17 @@ class Uma(Potential):
             energies = energies + references[numbers].to(energies.dtype)
         return energies
 
-    def _check_neighbors(self, graph: LocalGraph) -> None:
-        """fairchem's graph keeps at most ``max_neighbors`` per atom: refuse more (module
-        doc)."""
+    def check_graph(self, graph: LocalGraph) -> None:
+        """fairchem's graph keeps at most ``max_neighbors`` per atom: refuse more within the
+        cutoff (module doc), where the envelope is not zero (padding pairs lie beyond it).
+        The count is read back from the device: the forward checks where no capture is under
+        way, the engine before each replay of a captured step."""
         if graph.npairs == 0:
             return
-        most = int(torch.bincount(graph.pair_i).max())
+        distances = torch.linalg.norm(graph.rij.detach().to(self.spec.torch_dtype), dim=-1)
+        inside = (distances / self.backbone.cutoff < 1.0).to(torch.int64)
+        counts = inside.new_zeros(graph.ntotal).index_add_(0, graph.pair_i, inside)
+        most = int(counts.max())
         if most > self.backbone.max_neighbors:
             raise ValueError(
                 f"an atom has {most} neighbors within the UMA cutoff of {self.spec.cutoff:g} "
@@ -651,6 +741,35 @@ class Uma(Potential):
             x = x.clone()
             x[:, 0, start:end] = x[:, 0, start:end] - correction
         return x
+
+
+def _rotations(
+    backbone: torch.nn.Module, vectors: torch.Tensor, fractions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fairchem's ``_get_rotmat_and_wigner`` with the roll angles given (``fractions`` of a
+    turn, its ``torch.rand`` draws): each edge's Wigner matrices and their inverses, by
+    quaternions or by Euler angles as the backbone is set."""
+    gamma = fractions * 2 * math.pi  # as fairchem scales its draws
+    if backbone.use_quaternion_wigner:
+        return _escn_md().axis_angle_wigner_hybrid(
+            vectors,
+            backbone.lmax,
+            gamma=gamma,
+            coeffs=backbone.wigner_data.coeffs,
+            U_blocks=backbone.wigner_data.U_blocks,
+            custom_kernels=backbone.wigner_data.custom_kernels,
+            compact_l2=getattr(backbone.backend, "supports_fused_edgewise", False),
+        )
+    from fairchem.core.models.uma.common import rotation
+
+    # init_edge_rot_euler_angles with gamma given
+    xyz = torch.nn.functional.normalize(vectors).clamp(-1.0, 1.0)
+    x, y, z = torch.split(xyz, 1, dim=1)
+    beta = rotation.Safeacos.apply(y.squeeze(-1))
+    alpha = rotation.Safeatan2.apply(x.squeeze(-1), z.squeeze(-1))
+    jd = [getattr(backbone, f"Jd_{l}").type(vectors.dtype) for l in range(backbone.lmax + 1)]
+    wigner = rotation.eulers_to_wigner((-gamma, -beta, -alpha), 0, backbone.lmax, jd)
+    return wigner, torch.transpose(wigner, 1, 2).contiguous()
 
 
 def _exchange(x: torch.Tensor, graph: LocalGraph) -> torch.Tensor:
