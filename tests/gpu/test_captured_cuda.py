@@ -1,15 +1,22 @@
 """Potentials captured as CUDA graphs (engine/_captured.py) on a GPU, against the same
 potentials run eagerly there: one rank whose ghosts gather their owners' features inside the
-graphs, replays after the capture, a capture again when a graph outgrows the capacities.
-Needs no LAMMPS."""
+graphs, replays after the capture, a capture again when a graph outgrows the capacities;
+DFT-D3, Ewald and PME (explicit alpha and resolution) likewise. Needs no LAMMPS."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import numpy as np
 import pytest
+import torch
 from _systems import OneRankComm, decompose, fcc_argon_222
+from test_captured import POTENTIALS as CAPTURED_ON_CPU
+from test_captured import _assert_same as _assert_same_short_range
+from test_captured_long_range import POTENTIALS as LONG_RANGE
+from test_captured_long_range import _assert_same
+from test_captured_long_range import _graphs as long_range_graphs
 
 from nvalchemi_lammps import MessagePassing, evaluate
 from nvalchemi_lammps.engine import CapturedPotential
@@ -67,3 +74,34 @@ def test_captured_equals_eager_on_gpu(cuda, name):
             assert got.energy == pytest.approx(want.energy, rel=rtol)
     assert captured.eager_reason is None
     assert captured.captures == 2
+
+
+def _on_cuda(graph):
+    moved = {
+        f.name: getattr(graph, f.name).cuda()
+        for f in dataclasses.fields(graph)
+        if isinstance(getattr(graph, f.name), torch.Tensor)
+    }
+    return dataclasses.replace(graph, **moved)
+
+
+@pytest.mark.parametrize("name", ["dftd3", *LONG_RANGE])
+def test_long_range_captured_equals_eager_on_gpu(cuda, name):
+    """D3's coordination numbers, Ewald's k-vectors (the whole cube with a zero-weight mask)
+    and PME's mesh inside CUDA graphs: the capture, a replay in a strained cell, a capture
+    again for a larger system, equal to eager in float64."""
+    if name == "dftd3":
+        potential = CAPTURED_ON_CPU[name]().cuda()
+        graphs = [fcc_argon_222(), fcc_argon_222().strained(np.eye(3) * 0.01)]
+        graphs = [_graph(system, potential.spec.cutoff) for system in graphs]
+    else:
+        potential = LONG_RANGE[name]().cuda()
+        graphs = [_on_cuda(g) for g in long_range_graphs(name, potential.spec.cutoff)]
+    same = _assert_same_short_range if name == "dftd3" else _assert_same
+    captured = CapturedPotential(potential)
+    for graph in graphs:
+        want = evaluate(potential, graph)
+        for _ in range(2):
+            same(evaluate(captured, graph), want)
+    assert captured.eager_reason is None
+    assert captured.captures == len(graphs) - 1
