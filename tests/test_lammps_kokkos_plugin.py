@@ -15,6 +15,11 @@ charges into PME); the message-passing model under ``compile yes`` (1 and 2 rank
 ``pair_style mliap unified`` after the plugin has started Python. 200
 NVE steps on 2 and 4 ranks equal to 1 rank. Non-finite results and the plugin's input
 checks stop the run with the plugin's messages.
+
+Most of a run's cost is starting torch and the model's packages on every rank: the models
+that need the same packages run in one LAMMPS process per rank count, one after the other
+(``clear`` between, each model's output cut out by its segment line), and so do the ways
+ghost features move for one model and rank count.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -48,10 +54,13 @@ from lammps_helpers import (
     read_evaluation,
     run0_evaluation,
     run0_header,
+    segment_start,
+    segments,
 )
 
 from nvalchemi_lammps import Ewald, MessagePassing, Pipeline, Pme, save_model
 from nvalchemi_lammps.lammps_run import (
+    LammpsRun,
     lammps_command,
     read_dump,
     read_results,
@@ -208,6 +217,9 @@ class Model:
     :param nprocs: rank counts it runs on
     :param versus_plugin: also against ``pair_style nvalchemi`` in the same LAMMPS
     :param setup: input before the script (KOKKOS's package options)
+    :param process: the models of one ``process`` and rank count run in one LAMMPS
+        process, one after the other (``clear`` between): torch and the model's packages
+        start once per rank for all of them (:func:`shared_runs`)
     """
 
     fixture: str
@@ -219,6 +231,7 @@ class Model:
     nprocs: tuple[int, ...] = (1, 4)
     versus_plugin: bool = True
     setup: str = ""
+    process: str = "torch"
 
 
 #: Every model runs on 1 and 4 ranks (at 4 ranks two of them own no atoms): 2 ranks would
@@ -246,10 +259,13 @@ MODELS = {
         keywords="strategy exchange",
         setup=HOST_COMM,
         nprocs=(4,),
+        process="mace",
     ),
     # no exchange: 2 ranks would repeat the 4 ranks' thick shell
     "mp-shell": Model("mp_model", keywords="strategy shell", nprocs=(1, 4)),
-    "mace-exchange": Model("mace_model", elements="Ar Kr", keywords="strategy exchange"),
+    "mace-exchange": Model(
+        "mace_model", elements="Ar Kr", keywords="strategy exchange", process="mace"
+    ),
     "d3-exchange": Model("d3_model", elements="C H", keywords="strategy exchange"),
     # charge equilibration: the net charge of every rank's atoms summed over ranks
     "aimnet2-exchange": Model(
@@ -258,6 +274,7 @@ MODELS = {
         "H C N O",
         "strategy exchange charge -1",
         total_charge=-1.0,
+        process="aimnet2",
     ),
     # positions, charges from LAMMPS's KOKKOS q, the cell: forces on owned and ghost rows
     # and a virial beyond f.r
@@ -278,6 +295,7 @@ MODELS = {
         total_charge=1.0,
         stress=False,
         nprocs=(4,),
+        process="aimnet2",
     ),
     # UMA (fairchem-core: its own environment, pytest -m uma there), charged: its
     # embeddings read the net charge of all ranks' atoms
@@ -287,11 +305,16 @@ MODELS = {
         "H C O Cu",
         "strategy exchange charge -1",
         total_charge=-1.0,
+        process="uma",
     ),
     # compiled on CPU takes a while: one small case, on 2 ranks, and not twice (kk and
     # plain); compiled on one rank: tests/test_lammps_compile.py and test_lammps_mliap.py
     "mp-compile": Model(
-        "mp_model", keywords="strategy exchange compile yes", nprocs=(2,), versus_plugin=False
+        "mp_model",
+        keywords="strategy exchange compile yes",
+        nprocs=(2,),
+        versus_plugin=False,
+        process="compile",
     ),
 }
 try:  # at collection: importing mace-torch warns, which a test would turn into an error
@@ -383,23 +406,123 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "nprocs"), CASES)
-def test_kokkos_equals_reference_and_plugin(kokkos_lammps, request, name, nprocs, tmp_path):
-    """Energy, per-atom energy, forces, pressure and per-atom virial stress by atom ID:
-    ``nvalchemi/kk`` against the single-process reference, and against ``pair_style
-    nvalchemi`` (no suffix) run next in the same LAMMPS process (one start of torch and the
-    model's packages for both)."""
-    model = MODELS[name]
-    potential, path = request.getfixturevalue(model.fixture)
-    system = _system(model.system)
-    data = write_lammps_data(
-        tmp_path / "system.data",
+def _data_file(workdir: Path, name: str, system: System) -> Path:
+    return write_lammps_data(
+        workdir / f"{name}.data",
         system.positions,
         system.cell,
         system.species + 1,
         system.masses,
         system.charges,
     )
+
+
+def _case_script(name: str, model: Model, path: Path, data: Path, nprocs: int) -> str:
+    """One model's evaluations: ``nvalchemi/kk`` (dump and results ``NAME-kk``) and, with
+    ``versus_plugin``, ``pair_style nvalchemi`` next (``NAME-plain``)."""
+    style = f"pair_style nvalchemi {path} {model.keywords}\npair_coeff * * {model.elements}\n"
+    script = model.setup + run0_header(str(data), f"processors 1 1 {nprocs}")
+    if _system(model.system).charges is not None:
+        script = script.replace("atom_style atomic", "atom_style charge")
+    script += style + run0_evaluation(f"{name}-kk")
+    if model.versus_plugin:  # the same LAMMPS, KOKKOS atoms and comm, no suffix
+        script += "suffix off\n" + style + run0_evaluation(f"{name}-plain")
+    return script
+
+
+@dataclass(frozen=True)
+class SharedRun:
+    """One LAMMPS process that evaluated several models (:func:`shared_runs`): its run,
+    the output of each model's segment, the models whose fixture skipped (with why)."""
+
+    run: LammpsRun
+    outputs: dict[str, str]
+    skipped: dict[str, str]
+
+    def output(self, name: str) -> str:
+        """The output of ``name``'s segment: complete where the next segment started, else
+        only where the whole process succeeded (it fails with the failing model's error)."""
+        names = list(self.outputs)
+        if name not in names or name == names[-1]:
+            self.run.check()
+        assert name in self.outputs, f"no segment {name}: {self.run.output[-3000:]}"
+        return self.outputs[name]
+
+
+def _mliap_after_plugin_script(path: Path, data: Path, nprocs: int) -> str:
+    """``pair_style nvalchemi/kk`` (``mliap-after-plugin-kk``), then ``pair_style mliap
+    unified`` with the same model file (``mliap-after-plugin-mliap``)."""
+    script = run0_header(str(data), f"processors 1 1 {nprocs}")
+    script += f"pair_style nvalchemi {path}\npair_coeff * * Ar Ne\n"
+    script += run0_evaluation("mliap-after-plugin-kk")
+    script += f"pair_style mliap unified {path} 0\npair_coeff * * Ar Ne\n"
+    return script + run0_evaluation("mliap-after-plugin-mliap")
+
+
+#: The shared processes' segments besides :data:`MODELS`' (:func:`shared_runs`), by name:
+#: (process, rank counts, model fixture, system, script of (model file, data file, ranks))
+OTHER_SEGMENTS = {
+    "mliap-after-plugin": ("torch", (1, 4), "mp_model", "slab", _mliap_after_plugin_script),
+}
+
+
+@pytest.fixture(scope="module")
+def shared_runs(kokkos_lammps, request, tmp_path_factory):
+    """``(process, nprocs) -> SharedRun``, each run once: every model of :data:`MODELS`
+    (and segment of :data:`OTHER_SEGMENTS`) with that ``process`` and rank count in one
+    LAMMPS process, one after the other with ``clear`` between (after ``suffix on``:
+    ``clear`` makes the run style with the suffix as it is then). The models with KOKKOS's
+    host path for pair communication go last: a ``package kokkos`` setting outlives
+    ``clear`` too."""
+    done: dict[tuple[str, int], SharedRun] = {}
+
+    def get(process: str, nprocs: int) -> SharedRun:
+        if (process, nprocs) in done:
+            return done[(process, nprocs)]
+        workdir = tmp_path_factory.mktemp(f"kk-{process}-np{nprocs}")
+        # (name, host path, model fixture, system, script of model file, data file, ranks)
+        entries = [
+            (n, bool(m.setup), m.fixture, m.system, partial(_case_script, n, m))
+            for n, m in MODELS.items()
+            if m.process == process and nprocs in m.nprocs
+        ]
+        entries += [
+            (n, False, fixture, system, script_of)
+            for n, (p, ranks, fixture, system, script_of) in OTHER_SEGMENTS.items()
+            if p == process and nprocs in ranks
+        ]
+        entries.sort(key=lambda entry: entry[1])
+        script, skipped = "", {}
+        for name, _, fixture, system, script_of in entries:
+            try:
+                _, path = request.getfixturevalue(fixture)
+            except pytest.skip.Exception as skip:
+                skipped[name] = str(skip)
+                continue
+            data = _data_file(workdir, name, _system(system))
+            script += "suffix on\nclear\n" if script else ""
+            script += segment_start(name) + script_of(path, data, nprocs)
+        run = kokkos_lammps.run(script, nprocs, workdir)
+        done[(process, nprocs)] = SharedRun(run, segments(run.output), skipped)
+        return done[(process, nprocs)]
+
+    return get
+
+
+@pytest.mark.parametrize(("name", "nprocs"), CASES)
+def test_kokkos_equals_reference_and_plugin(shared_runs, request, name, nprocs):
+    """Energy, per-atom energy, forces, pressure and per-atom virial stress by atom ID:
+    ``nvalchemi/kk`` against the single-process reference, and against ``pair_style
+    nvalchemi`` (no suffix) run next in the same LAMMPS process. The models of one
+    ``process`` run in one LAMMPS process per rank count (:func:`shared_runs`): one start of
+    torch and the model's packages for all of them."""
+    model = MODELS[name]
+    shared = shared_runs(model.process, nprocs)
+    if name in shared.skipped:
+        pytest.skip(shared.skipped[name])
+    output = shared.output(name)
+    potential, _ = request.getfixturevalue(model.fixture)
+    system = _system(model.system)
     ref = evaluate_reference(
         potential,
         system.positions,
@@ -409,57 +532,49 @@ def test_kokkos_equals_reference_and_plugin(kokkos_lammps, request, name, nprocs
         charges=system.charges,
         total_charge=model.total_charge,
     )
-    style = f"pair_style nvalchemi {path} {model.keywords}\npair_coeff * * {model.elements}\n"
-    script = model.setup + run0_header(str(data), f"processors 1 1 {nprocs}")
-    if system.charges is not None:
-        script = script.replace("atom_style atomic", "atom_style charge")
-    script += style + run0_evaluation("kk")
-    if model.versus_plugin:  # the same LAMMPS, KOKKOS atoms and comm, no suffix
-        script += "suffix off\n" + style + run0_evaluation("plain")
-    run = kokkos_lammps.run(script, nprocs, tmp_path).check()
-    assert "pair nvalchemi/kk, perpetual" in run.output, run.output[-3000:]
+    assert "pair nvalchemi/kk, perpetual" in output, output[-3000:]
     if "compile" in model.keywords:
-        assert f"torch.compile (default): {potential.name}\n" in run.output, run.output[-3000:]
-        assert COMPILED.search(run.output), "the pair style did not report its compilations"
+        assert f"torch.compile (default): {potential.name}\n" in output, output[-3000:]
+        assert COMPILED.search(output), "the pair style did not report its compilations"
     if nprocs == 4:
-        owned = atoms_per_rank(run.output, "Nlocal")
+        owned = atoms_per_rank(output, "Nlocal")
         assert owned and all(fewest == 0 for fewest, _ in owned), f"no rank without atoms: {owned}"
     ids = np.arange(1, len(system.species) + 1)
-    kk = read_evaluation(tmp_path, run.output, "kk", ids)
+    workdir = shared.run.workdir
+    kk = read_evaluation(workdir, output, f"{name}-kk", ids)
     label = f"kokkos/{name}/np{nprocs}"
     assert_matches_reference(label, *kk, ref, system.cell, stress=model.stress)
     if model.versus_plugin:
-        assert "pair nvalchemi, perpetual" in run.output
-        plain = read_evaluation(tmp_path, run.output, "plain", ids)
+        assert "pair nvalchemi, perpetual" in output, output[-3000:]
+        plain = read_evaluation(workdir, output, f"{name}-plain", ids)
         label = f"kokkos-vs-plugin/{name}/np{nprocs}"
         assert_runs_agree(label, kk, plain, tol=1e-10, stress=True)
 
 
 # 2 ranks: mliap unified's own tests (tests/test_lammps_mliap.py)
 @pytest.mark.parametrize("nprocs", [1, 4])
-def test_mliap_unified_after_the_plugin_started_python(kokkos_lammps, mp_model, nprocs, tmp_path):
+def test_mliap_unified_after_the_plugin_started_python(shared_runs, mp_model, nprocs):
     """``pair_style nvalchemi/kk`` first starts Python; ``pair_style mliap unified`` with the
     same model file next in the same input still imports ML-IAP's coupling module (which
     LAMMPS registers only when it starts Python itself) and gives the same numbers, both
-    equal to the single-process reference (a rank without atoms at 4 ranks)."""
-    potential, path = mp_model
-    data, positions, cell, species = _slab(tmp_path)
-    ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
-    script = run0_header(str(data), f"processors 1 1 {nprocs}")
-    script += f"pair_style nvalchemi {path}\npair_coeff * * Ar Ne\n" + run0_evaluation("kk")
-    script += f"pair_style mliap unified {path} 0\npair_coeff * * Ar Ne\n"
-    script += run0_evaluation("mliap")
-    run = kokkos_lammps.run(script, nprocs, tmp_path).check()
-    assert "pair nvalchemi/kk, perpetual" in run.output, run.output[-3000:]
-    assert "pair mliap/kk, perpetual" in run.output, run.output[-3000:]
+    equal to the single-process reference (a rank without atoms at 4 ranks). In the shared
+    process of the models without extra packages (:func:`shared_runs`), after them."""
+    potential, _ = mp_model
+    name = "mliap-after-plugin"
+    shared = shared_runs(OTHER_SEGMENTS[name][0], nprocs)
+    output = shared.output(name)
+    system = _system("slab")
+    ref = evaluate_reference(potential, system.positions, system.cell, (True,) * 3, system.species)
+    assert "pair nvalchemi/kk, perpetual" in output, output[-3000:]
+    assert "pair mliap/kk, perpetual" in output, output[-3000:]
     if nprocs == 4:
-        owned = atoms_per_rank(run.output, "Nlocal")
+        owned = atoms_per_rank(output, "Nlocal")
         assert owned and all(fewest == 0 for fewest, _ in owned), f"no rank without atoms: {owned}"
-    ids = np.arange(1, len(species) + 1)
-    kk = read_evaluation(tmp_path, run.output, "kk", ids)
-    mliap = read_evaluation(tmp_path, run.output, "mliap", ids)
-    assert_matches_reference(f"kokkos/mp/np{nprocs}", *kk, ref, cell)
-    assert_matches_reference(f"mliap-after-kokkos/mp/np{nprocs}", *mliap, ref, cell)
+    ids = np.arange(1, len(system.species) + 1)
+    kk = read_evaluation(shared.run.workdir, output, f"{name}-kk", ids)
+    mliap = read_evaluation(shared.run.workdir, output, f"{name}-mliap", ids)
+    assert_matches_reference(f"kokkos/mp/np{nprocs}", *kk, ref, system.cell)
+    assert_matches_reference(f"mliap-after-kokkos/mp/np{nprocs}", *mliap, ref, system.cell)
 
 
 def _nve_script(data: str, model: Path, processors: str, steps: int) -> str:
@@ -532,24 +647,36 @@ def test_exchange_paths_agree(kokkos_lammps, request, model, tmp_path):
     host path, the remote atoms' rows once each through the host) and KOKKOS's pair
     communication (``NVALCHEMI_LAMMPS_EXCHANGE=comm``, or 2 ranks on its device path), for a
     model exchanging through the contract (message passing) and through mace-torch's
-    ``LAMMPS_MP`` (MACE)."""
+    ``LAMMPS_MP`` (MACE). The paths of one rank count run in one LAMMPS process, one after
+    the other (``clear`` between, the variable set by ``shell putenv`` before each: the pair
+    style reads it at its ``init_style``)."""
     _, path = request.getfixturevalue(model)
     data, _, _, species = _slab(tmp_path)
     elements = "Ar Kr" if model == "mace_model" else "Ar Ne"
     style = f"pair_style nvalchemi {path} strategy exchange\npair_coeff * * {elements}\n"
     ids = np.arange(1, len(species) + 1)
     runs = []
-    for mode, nprocs, host, log in EXCHANGE_PATHS:
-        work = tmp_path / f"{mode}-np{nprocs}-{'host' if host else 'device'}"
+    for nprocs in (1, 2):
+        # KOKKOS's host path last: a package kokkos setting outlives clear
+        paths = sorted((p for p in EXCHANGE_PATHS if p[1] == nprocs), key=lambda p: p[2])
         # on 2 ranks each owns atoms: ghosts of remote atoms, and images of its own
         processors = "processors 2 1 1" if nprocs == 2 else ""
-        script = (HOST_COMM if host else "") + run0_header(str(data), processors)
-        script += style + run0_evaluation("kk")
-        env = {"NVALCHEMI_LAMMPS_EXCHANGE": mode}
-        run = kokkos_lammps.run(script, nprocs, work, env).check()
-        assert log in run.output, run.output[-3000:]
-        assert_ranks_own(atoms_per_rank(run.output, "Nlocal"), nprocs)
-        runs.append((work.name, read_evaluation(work, run.output, "kk", ids)))
+        work = tmp_path / f"np{nprocs}"
+        script = ""
+        for mode, _, host, _ in paths:
+            name = f"{mode}-np{nprocs}-{'host' if host else 'device'}"
+            script += "clear\n" if script else ""
+            script += segment_start(name) + f"shell putenv NVALCHEMI_LAMMPS_EXCHANGE={mode}\n"
+            script += (HOST_COMM if host else "") + run0_header(str(data), processors)
+            script += style + run0_evaluation(name)
+        run = kokkos_lammps.run(script, nprocs, work).check()
+        outputs = segments(run.output)
+        for mode, _, host, log in paths:
+            name = f"{mode}-np{nprocs}-{'host' if host else 'device'}"
+            assert log in outputs[name], outputs[name][-3000:]
+            assert_ranks_own(atoms_per_rank(outputs[name], "Nlocal"), nprocs)
+            runs.append((name, read_evaluation(work, outputs[name], name, ids)))
+    assert len(runs) == len(EXCHANGE_PATHS)
     (first, one), *others = runs
     for name, other in others:
         label = f"kokkos-exchange-paths/{model}/{first}-vs-{name}"
