@@ -5,7 +5,8 @@ Without an ML-IAP LAMMPS, ``compute_forces`` runs on the stand-ins of ``mliap_st
 
 - hand-made decompositions (``_systems.decompose``), rank by rank in threads;
 - the very atoms and pairs ``pair_style nvalchemi`` saw in real LAMMPS runs on 1, 2 and 4
-  ranks, recorded by a driver that wraps the plugin's ``compute`` (marked ``lammps``).
+  ranks, recorded by a driver that wraps the plugin's ``compute`` (marked ``lammps``; one
+  LAMMPS process per structure and rank count records every model).
 
 Either way the ML-IAP path must give the plugin path's energies, per-atom energies and pair
 forces to 1e-12 relative, and, applied as LAMMPS applies them, the single-process reference.
@@ -533,7 +534,7 @@ DRIVER = textwrap.dedent(
     from nvalchemi_lammps._plugin import plugin_path
     from nvalchemi_lammps.frontends import plugin
 
-    model, data_file, elements, processors, out = sys.argv[1:6]
+    models, data_file, elements, processors, out = sys.argv[1:6]
     lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
     rank = lmp.extract_setting("world_rank")
     seen = []
@@ -569,13 +570,16 @@ DRIVER = textwrap.dedent(
     # every directed pair, as ML-IAP has them: no half list for symmetric pair terms
     plugin.PluginSession.half_pairs = property(lambda self: False)
     lmp.command(f"plugin load {plugin_path()}")
-    for command in ["units metal", "atom_style atomic", "atom_modify map array", processors,
-                    f"read_data {data_file}", f"pair_style nvalchemi {model}",
-                    f"pair_coeff * * {elements}", "run 0"]:
-        if command:
-            lmp.command(command)
-    assert len(seen) == 1, len(seen)
-    np.savez(f"{out}.rank{rank}.npz", **seen[0])
+    # every model NAME=PATH in turn, in this one process (clear between)
+    for k, (name, model) in enumerate(m.split("=", 1) for m in models.split(",")):
+        seen.clear()
+        for command in ["clear" if k else "", "units metal", "atom_style atomic",
+                        "atom_modify map array", processors, f"read_data {data_file}",
+                        f"pair_style nvalchemi {model}", f"pair_coeff * * {elements}", "run 0"]:
+            if command:
+                lmp.command(command)
+        assert len(seen) == 1, len(seen)
+        np.savez(f"{out}-{name}.rank{rank}.npz", **seen[0])
     # finalize, not close: a rank that leaves without MPI_Finalize makes MPICH's hydra kill
     # the others (signal 9), which then fails the run at random
     lmp.finalize()
@@ -614,29 +618,30 @@ RUNS = [
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory, model_files):
-    """``(model, structure, nprocs) -> (path, per-rank records)``, run once each."""
+    """``(model, structure, nprocs) -> (path, per-rank records, atoms)``: one LAMMPS run
+    per structure and rank count records every model, one after the other (one start of
+    torch and mace-torch per rank for all of them)."""
     workdir = tmp_path_factory.mktemp("mliap-recorded")
     paths = model_files
     (workdir / "driver.py").write_text(DRIVER)
     cache: dict = {}
 
     def get(model: str, structure: str, nprocs: int, processors: str):
-        key = (model, structure, nprocs)
         if model not in paths:
             pytest.skip(f"no {model} model here: mace-torch is not importable")
-        if key not in cache:
+        if (model, structure, nprocs) not in cache:
             positions, cell, species = _structure(structure)
             data = write_lammps_data(
                 workdir / f"{structure}.data", positions, cell, species + 1, [39.948, 20.1797]
             )
-            out = workdir / f"{model}-{structure}-np{nprocs}"
+            out = workdir / f"{structure}-np{nprocs}"
             cmd = [
                 str(Path(sys.executable).parent / "mpirun"),
                 "-np",
                 str(nprocs),
                 sys.executable,
                 "driver.py",
-                str(paths[model]),
+                ",".join(f"{name}={path}" for name, path in paths.items()),
                 data.name,
                 "Ar Ne",
                 processors,
@@ -647,9 +652,10 @@ def recorded(tmp_path_factory, model_files):
                 "PYTHONPATH": str(Path(__file__).parent.parent),
             }
             run_command(cmd, workdir, timeout=600, env=env).check()
-            ranks = [dict(np.load(f"{out}.rank{r}.npz")) for r in range(nprocs)]
-            cache[key] = (paths[model], ranks, (positions, cell, species))
-        return cache[key]
+            for name, path in paths.items():
+                ranks = [dict(np.load(f"{out}-{name}.rank{r}.npz")) for r in range(nprocs)]
+                cache[(name, structure, nprocs)] = (path, ranks, (positions, cell, species))
+        return cache[(model, structure, nprocs)]
 
     return get
 
