@@ -4,10 +4,12 @@ a parameter: ``mpnn`` (the package's own ``MessagePassing``, 3 layers) and ``mac
 random ScaleShiftMACE of ``test_mace.py``, 2 layers, ZBL repulsion, which that module checks
 against mace-torch's own forward).
 
-Each LAMMPS run reads one data file written here (atom IDs 1..N, whatever the rank count)
+Each comparison reads one data file written here (atom IDs 1..N, whatever the rank count)
 and evaluates it twice, ``strategy exchange`` (node features exchanged through LAMMPS's
 communication between layers, ghost shell of one cutoff) and ``strategy shell`` (ghost
-shell of ``layers x cutoff``, no exchange). Energy, per-atom energy, forces by atom ID,
+shell of ``layers x cutoff``, no exchange). All the comparisons on one rank count, and the
+MACE runs below, are segments of one LAMMPS process (``clear`` between them): the ranks
+start, and import torch and mace-torch, once per rank count. Energy, per-atom energy, forces by atom ID,
 pressure tensor (no velocities: the virial part alone) and per-atom virial stress must equal
 the reference to 1e-10 relative; the two strategies each other to 1e-12. Each model runs on
 its own four structures (bulk, subdomains thinner than the cutoff, a triclinic cell smaller
@@ -27,12 +29,17 @@ import pytest
 from lammps_helpers import (
     MEASURED,
     NPROCS,
+    OWNER_DUMP,
     assert_matches_reference,
     assert_strategies_agree,
+    atoms_migrated,
     atoms_per_rank,
+    neighbor_list_builds,
     read_evaluation,
     run0_evaluation,
     run0_header,
+    segment_start,
+    segments,
 )
 
 from nvalchemi_lammps import MessagePassing, save_model
@@ -172,16 +179,37 @@ CASES = [
     for s in structures
     for nprocs in RANKS[s.id]
 ]
+HAVE_CUEQ = HAVE_MACE and mace_module._cueq_available()
+#: MACE on cuEquivariance's kernels: thin-subdomains, strategy exchange, on 1 rank and on
+#: 4, where the subdomains are thinner than r_max (2 ranks: bulk's exchange)
+CUEQ_RANKS = [1, 4]
+#: MACE's NVE run, on 1 rank and on 2
+NVE_RANKS = [1, 2]
+NVE_STEPS = 200
+ENERGY_EVERY = 10
+
+
+def _mace_on_cuequivariance(potential):
+    """The same model and weights, its file asking for cuEquivariance's kernels (on the CPU:
+    cuEquivariance's pure-torch operations, mace-torch's conversion on every rank)."""
+    on_cueq = type(potential).from_config({**potential.config(), "kernels": "cuequivariance"})
+    on_cueq.load_state_dict(potential.state_dict())
+    assert on_cueq.kernels == "cuequivariance"
+    return on_cueq
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """Each model, built once and saved: ``built(name) -> (potential, path)``."""
+    """Each model, built once and saved: ``built(name) -> (potential, path)``; ``mace-cueq``
+    is ``mace`` on cuEquivariance's kernels."""
     cache = {}
 
     def build(name: str):
         if name not in cache:
-            potential = MODELS[name][0]()
+            if name == "mace-cueq":
+                potential = _mace_on_cuequivariance(build("mace")[0])
+            else:
+                potential = MODELS[name][0]()
             path = save_model(potential, tmp_path_factory.mktemp(name) / f"{name}.pt")
             cache[name] = potential, path
         return cache[name]
@@ -189,106 +217,28 @@ def built(tmp_path_factory):
     return build
 
 
-@pytest.fixture(scope="module")
-def model(built):
-    """The small random ScaleShiftMACE of test_mace.py (2 layers, ZBL repulsion)."""
-    return built("mace")
-
-
 def comparison_script(
-    structure: Structure, data: Path, model: Path, nprocs: int, elements, strategies=STRATEGIES
+    label: str,
+    structure: Structure,
+    data: Path,
+    model: Path,
+    nprocs: int,
+    elements,
+    strategies=STRATEGIES,
 ) -> str:
-    """``run 0`` under each strategy in one LAMMPS process: a dump and a print each."""
+    """``run 0`` under each strategy: a dump and a print each, named ``label-strategy``."""
     lines = [run0_header(data.name, structure.processors.get(nprocs, ""))]
     for strategy in strategies:
         lines.append(f"pair_style nvalchemi {model} strategy {strategy}\n")
         lines.append(f"pair_coeff * * {' '.join(elements)}\n")
-        lines.append(run0_evaluation(strategy))
+        lines.append(run0_evaluation(f"{label}-{strategy}"))
     return "".join(lines)
 
 
-@pytest.mark.parametrize(("name", "structure", "nprocs"), CASES)
-def test_message_passing_equals_reference(name, structure, nprocs, built, tmp_path):
-    potential, path = built(name)
-    _, elements, masses, _ = MODELS[name]
-    ref = evaluate_reference(
-        potential, structure.positions, structure.cell, (True, True, True), structure.species
-    )
-
-    data = write_lammps_data(
-        tmp_path / "system.data", structure.positions, structure.cell, structure.species + 1, masses
-    )
-    script = comparison_script(structure, data, path, nprocs, elements)
-    run = run_lammps(script, nprocs, tmp_path, timeout=600).check()
-    if structure.id == "empty-ranks" and nprocs > 1:
-        owned = atoms_per_rank(run.output, "Nlocal")  # (fewest, most) per run
-        assert len(owned) == 2 and all(fewest == 0 for fewest, _ in owned), owned
-
-    got = {}
-    for strategy in STRATEGIES:
-        ids = np.arange(1, len(ref.forces) + 1)
-        atoms, glob = got[strategy] = read_evaluation(tmp_path, run.output, strategy, ids)
-        assert_matches_reference(
-            f"{name}/{structure.id}/{strategy}/np{nprocs}", atoms, glob, ref, structure.cell
-        )
-
-    assert_strategies_agree(
-        f"{name}/{structure.id}/exchange-vs-shell/np{nprocs}", got["exchange"], got["shell"]
-    )
-
-
-# --- on cuEquivariance's kernels (issue 16) -------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cueq_model(model, tmp_path_factory):
-    """The same model and weights, its file asking for cuEquivariance's kernels (on the CPU:
-    cuEquivariance's pure-torch operations, mace-torch's conversion on every rank)."""
-    potential, _ = model
-    on_cueq = type(potential).from_config({**potential.config(), "kernels": "cuequivariance"})
-    on_cueq.load_state_dict(potential.state_dict())
-    assert on_cueq.kernels == "cuequivariance"
-    return save_model(on_cueq, tmp_path_factory.mktemp("mace-cueq") / "mace-cueq.pt")
-
-
-@needs_mace
-@pytest.mark.skipif(
-    not HAVE_MACE or not mace_module._cueq_available(),
-    reason="cuequivariance-torch is not installed",
-)
-# 1 rank, and 4 where the subdomains are thinner than r_max (2 ranks: bulk's exchange)
-@pytest.mark.parametrize("nprocs", [1, 4], ids=["np1", "np4"])
-def test_mace_on_cuequivariance_equals_reference(nprocs, model, cueq_model, tmp_path):
-    """Subdomains thinner than the cutoff, node features exchanged between layers: the
-    cuEquivariance network through LAMMPS equals the e3nn network on the whole system."""
-    potential, _ = model
-    structure = STRUCTURES["thin-subdomains"]
-    ref = evaluate_reference(
-        potential, structure.positions, structure.cell, (True, True, True), structure.species
-    )
-    data = write_lammps_data(
-        tmp_path / "system.data", structure.positions, structure.cell, structure.species + 1, MASSES
-    )
-    script = comparison_script(
-        structure, data, cueq_model, nprocs, ELEMENTS, strategies=("exchange",)
-    )
-    run = run_lammps(script, nprocs, tmp_path, timeout=600).check()
-    ids = np.arange(1, len(ref.forces) + 1)
-    atoms, results = read_evaluation(tmp_path, run.output, "exchange", ids)
-    label = f"mace/cuequivariance/{structure.id}/exchange/np{nprocs}"
-    assert_matches_reference(label, atoms, results, ref, structure.cell)
-
-
-# --- dynamics ------------------------------------------------------------------------------
-
-NVE_STEPS = 500
-ENERGY_EVERY = 10
-
-
-def nve_script(data: Path, model: Path) -> str:
-    """500 NVE steps of the bulk structure from 300 K; a small skin rebuilds the neighbor
-    lists (atoms migrate between ranks) many times."""
-    return textwrap.dedent(
+def nve_script(data: Path, model: Path, energy_file: str, owner_file: str) -> str:
+    """200 NVE steps (NVE_STEPS) of the bulk structure from 300 K; a small skin rebuilds the
+    neighbor lists many times (18 in 200 steps), and atoms migrate between ranks."""
+    script = textwrap.dedent(
         f"""\
         units metal
         atom_style atomic
@@ -304,14 +254,128 @@ def nve_script(data: Path, model: Path) -> str:
         thermo {ENERGY_EVERY}
         thermo_style custom step temp pe ke etotal
         fix energy all print {ENERGY_EVERY} "$(step) $(etotal:%.17g) $(ke:%.17g)" &
-            file energy.txt screen no
-        run {NVE_STEPS}
+            file {energy_file} screen no
         """
+    )
+    return script + OWNER_DUMP.format(every=NVE_STEPS, path=owner_file) + f"run {NVE_STEPS}\n"
+
+
+def _segments(nprocs: int, built, workdir: Path) -> dict[str, str]:
+    """Every LAMMPS run of this module on ``nprocs`` ranks, by segment name: each
+    (model, structure) of :data:`RANKS`, MACE on cuEquivariance (:data:`CUEQ_RANKS`) and
+    MACE's NVE run (:data:`NVE_RANKS`)."""
+
+    def data_file(label, structure, masses):
+        return write_lammps_data(
+            workdir / f"{label}.data",
+            structure.positions,
+            structure.cell,
+            structure.species + 1,
+            masses,
+        )
+
+    scripts = {}
+    for name, (_, elements, masses, structures) in MODELS.items():
+        if name == "mace" and not HAVE_MACE:
+            continue
+        for structure in structures:
+            if nprocs in RANKS[structure.id]:
+                label = f"{name}-{structure.id}"
+                data = data_file(label, structure, masses)
+                path = built(name)[1]
+                scripts[label] = comparison_script(label, structure, data, path, nprocs, elements)
+    if HAVE_CUEQ and nprocs in CUEQ_RANKS:
+        label, structure = "mace-cueq", STRUCTURES["thin-subdomains"]
+        data = data_file(label, structure, MASSES)
+        path = built("mace-cueq")[1]
+        scripts[label] = comparison_script(
+            label, structure, data, path, nprocs, ELEMENTS, strategies=("exchange",)
+        )
+    if HAVE_MACE and nprocs in NVE_RANKS:
+        data = data_file("mace-nve", STRUCTURES["bulk"], MASSES)
+        scripts["mace-nve"] = nve_script(
+            data, built("mace")[1], "mace-nve.energy", "mace-nve.owner"
+        )
+    return scripts
+
+
+@pytest.fixture(scope="module")
+def runs(built, tmp_path_factory):
+    """All of this module's LAMMPS runs on one rank count in one LAMMPS process (the ranks
+    import torch and mace-torch once), made when a test first asks:
+    ``runs(nprocs) -> (workdir, {segment name: its output})``."""
+    cache = {}
+
+    def run(nprocs: int):
+        if nprocs not in cache:
+            workdir = tmp_path_factory.mktemp(f"np{nprocs}")
+            scripts = _segments(nprocs, built, workdir)
+            script = "".join(
+                "clear\n" + segment_start(label) + text for label, text in scripts.items()
+            )
+            output = run_lammps(script, nprocs, workdir, timeout=1800).check().output
+            outputs = segments(output)
+            assert list(outputs) == list(scripts), (list(outputs), list(scripts))
+            cache[nprocs] = workdir, outputs
+        return cache[nprocs]
+
+    return run
+
+
+def _reference(potential, structure: Structure):
+    return evaluate_reference(
+        potential, structure.positions, structure.cell, (True, True, True), structure.species
     )
 
 
+@pytest.mark.parametrize(("name", "structure", "nprocs"), CASES)
+def test_message_passing_equals_reference(name, structure, nprocs, built, runs):
+    potential, _ = built(name)
+    ref = _reference(potential, structure)
+    workdir, outputs = runs(nprocs)
+    label = f"{name}-{structure.id}"
+    output = outputs[label]
+    if structure.id == "empty-ranks" and nprocs > 1:
+        owned = atoms_per_rank(output, "Nlocal")  # (fewest, most) per run
+        assert len(owned) == 2 and all(fewest == 0 for fewest, _ in owned), owned
+
+    got = {}
+    ids = np.arange(1, len(ref.forces) + 1)
+    for strategy in STRATEGIES:
+        atoms, glob = got[strategy] = read_evaluation(workdir, output, f"{label}-{strategy}", ids)
+        assert_matches_reference(
+            f"{name}/{structure.id}/{strategy}/np{nprocs}", atoms, glob, ref, structure.cell
+        )
+
+    assert_strategies_agree(
+        f"{name}/{structure.id}/exchange-vs-shell/np{nprocs}", got["exchange"], got["shell"]
+    )
+
+
+# --- on cuEquivariance's kernels (issue 16) -------------------------------------------------
+
+
 @needs_mace
-def test_nve_drift_two_ranks_like_one(model, tmp_path):
+@pytest.mark.skipif(not HAVE_CUEQ, reason="cuequivariance-torch is not installed")
+@pytest.mark.parametrize("nprocs", CUEQ_RANKS, ids=[f"np{n}" for n in CUEQ_RANKS])
+def test_mace_on_cuequivariance_equals_reference(nprocs, built, runs):
+    """Subdomains thinner than the cutoff, node features exchanged between layers: the
+    cuEquivariance network through LAMMPS equals the e3nn network on the whole system."""
+    potential, _ = built("mace")
+    structure = STRUCTURES["thin-subdomains"]
+    ref = _reference(potential, structure)
+    workdir, outputs = runs(nprocs)
+    ids = np.arange(1, len(ref.forces) + 1)
+    atoms, results = read_evaluation(workdir, outputs["mace-cueq"], "mace-cueq-exchange", ids)
+    label = f"mace/cuequivariance/{structure.id}/exchange/np{nprocs}"
+    assert_matches_reference(label, atoms, results, ref, structure.cell)
+
+
+# --- dynamics ------------------------------------------------------------------------------
+
+
+@needs_mace
+def test_nve_drift_two_ranks_like_one(runs):
     """Energy conservation on 2 ranks is no worse than on 1.
 
     Criterion: with E(t) the total energy every 10 steps, the drift max_t |E(t) - E(0)|
@@ -319,28 +383,19 @@ def test_nve_drift_two_ranks_like_one(model, tmp_path):
     and the two runs' E(t) agree to the same 1e-10 |E(0)| at every step: the forces are
     the same to rounding, so the trajectories stay together and so must the energies.
     The drift itself is checked to be far larger than that tolerance, or the comparison
-    would say nothing.
+    would say nothing; and the run on 2 ranks to rebuild its neighbor lists at least 10
+    times and to move some atom to the other rank.
     """
-    _, path = model
-    bulk = STRUCTURES["bulk"]
     energies = {}
-    for nprocs in (1, 2):
-        workdir = tmp_path / f"np{nprocs}"
-        workdir.mkdir()
-        data = write_lammps_data(
-            workdir / "system.data", bulk.positions, bulk.cell, bulk.species + 1, MASSES
-        )
-        run = run_lammps(nve_script(data, path), nprocs, workdir, timeout=600).check()
-        steps, etotal, _kinetic = np.loadtxt(workdir / "energy.txt", comments="#", unpack=True)
+    for nprocs in NVE_RANKS:
+        workdir, outputs = runs(nprocs)
+        steps, etotal, _kinetic = np.loadtxt(workdir / "mace-nve.energy", comments="#", unpack=True)
         assert steps[0] == 0 and steps[-1] == NVE_STEPS
         energies[nprocs] = etotal
         if nprocs == 2:
-            builds = [
-                int(line.split()[-1])
-                for line in run.output.splitlines()
-                if line.startswith("Neighbor list builds")
-            ]
-            assert builds and builds[-1] >= 5, builds
+            builds = neighbor_list_builds(outputs["mace-nve"])
+            assert len(builds) == 1 and builds[0] >= 10, builds
+            assert atoms_migrated(workdir / "mace-nve.owner") > 0
     one, two = energies[1], energies[2]
     drift_one = float(np.max(np.abs(one - one[0])))
     drift_two = float(np.max(np.abs(two - two[0])))
