@@ -5,10 +5,12 @@
 - AIMNet2 whose predicted charges feed PME, on a small box of molecules, neutral and with
   ``pair_style ... charge 1`` (PME then with its neutralizing background).
 
-On 1, 2 and 4 ranks (AIMNet2's: 1 and 4) each equals the same pipeline on the whole periodic
-system without LAMMPS to 1e-10 relative (energy, per-atom energy, forces by atom ID,
-pressure); 500 NVE steps on 1 and 2 ranks give the same total energy at every step and
-conserve it.
+On 1, 2 and 4 ranks each equals the same pipeline on the whole periodic system without
+LAMMPS to 1e-10 relative (energy, per-atom energy, forces by atom ID, pressure); 200 NVE
+steps (several neighbor-list builds) on 1 and 2 ranks give the same total energy at every
+step and conserve it. All the runs on one rank count are segments of one LAMMPS process
+(``clear`` between them): the ranks start, and import mace-torch and aimnet, once per rank
+count.
 """
 
 from __future__ import annotations
@@ -21,7 +23,18 @@ import numpy as np
 import pytest
 from _aimnet2_models import molecular_box, random_aimnet2
 from _mace_models import random_mace
-from lammps_helpers import MEASURED, NPROCS, PRESSURE, assert_matches_reference, print_results
+from lammps_helpers import (
+    MEASURED,
+    NPROCS,
+    OWNER_DUMP,
+    PRESSURE,
+    assert_matches_reference,
+    atoms_migrated,
+    neighbor_list_builds,
+    print_results,
+    segment_start,
+    segments,
+)
 
 from nvalchemi_lammps import DFTD3, LennardJones, Pipeline, Pme, save_model
 from nvalchemi_lammps.lammps_run import read_dump, read_results, run_lammps, write_lammps_data
@@ -30,7 +43,9 @@ from nvalchemi_lammps.reference import evaluate_reference
 
 pytestmark = pytest.mark.lammps
 
-NVE_STEPS, ENERGY_EVERY = 500, 10
+NVE_STEPS, ENERGY_EVERY = 200, 10
+#: The NVE runs' neighbor skin, and the fewest neighbor-list builds each must make
+NVE_SKIN, NVE_MIN_BUILDS = 0.2, 3
 
 
 @dataclass(frozen=True)
@@ -45,6 +60,8 @@ class Case:
     total_charge: float  # pair_style ... charge Q
     timestep: float  # ps
     temperature: float
+    #: commands before the NVE run (after ``read_data``)
+    nve_setup: str = ""
 
     @property
     def elements(self) -> list[str]:
@@ -95,6 +112,7 @@ def mace_d3_pme() -> Case:
 
 def aimnet2_pme(total_charge: float) -> Case:
     system = molecular_box()
+    half_spacing = system.cell[0, 0] / 4  # 2 x 2 x 2 molecules
     elements = list(system.elements)
     aimnet2 = random_aimnet2(seed=0, dtype="float64")
     pme = Pme(elements, cutoff=6.0, alpha=0.5, mesh=12, order=5, background=total_charge != 0)
@@ -108,9 +126,13 @@ def aimnet2_pme(total_charge: float) -> Case:
         None,
         total_charge,
         # random weights give a landscape without a repulsive core, into which the
-        # molecules start to fall after ~40 fs: 500 steps of 0.05 fs stay before that
+        # molecules start to fall after ~40 fs: the NVE run's steps of 0.05 fs stay before that
         0.00005,
         300.0,
+        # the molecules sit on a grid whose planes halfway between them are where 2 ranks
+        # split the box: moved by half a spacing (a periodic translation) they straddle
+        # the split, and some atom changes rank within the run
+        f"displace_atoms all move {half_spacing} {half_spacing} {half_spacing}\n",
     )
 
 
@@ -159,62 +181,113 @@ def _header(case: Case, data: Path, model: Path) -> str:
     )
 
 
-#: ranks per case: AIMNet2's at 1 and 4 (about 15 s of CPU per rank for its imports; 2 ranks
-#: repeat the 4 ranks' charge equilibration over ranks, and its NVE run below compares 2 ranks
-#: with 1 at every step)
-RANKS = {"mace+d3+pme": NPROCS, "aimnet2->pme/charge0": [1, 4], "aimnet2->pme/charge1": [1, 4]}
+#: NVE runs: these cases, on 1 rank and on 2
+NVE_CASES, NVE_RANKS = ["mace+d3+pme", "aimnet2->pme/charge1"], [1, 2]
+
+
+def _slug(case_id: str) -> str:
+    return case_id.replace("/", "_").replace(">", "")
+
+
+def _run0_script(case: Case, data: Path, model: Path) -> str:
+    slug = _slug(case.id)
+    return (
+        _header(case, data, model)
+        + textwrap.dedent(
+            f"""\
+            compute pe all pe/atom
+            thermo_style custom step pe {" ".join(PRESSURE)}
+            dump d all custom 1 {slug}.dump id fx fy fz c_pe
+            dump_modify d sort id format float "%.17g"
+            run 0
+            """
+        )
+        + print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
+    )
+
+
+def _nve_script(case: Case, data: Path, model: Path) -> str:
+    slug = _slug(case.id)
+    return (
+        _header(case, data, model)
+        + textwrap.dedent(
+            f"""\
+            velocity all create {case.temperature} 4928459 loop geom
+            neighbor {NVE_SKIN} bin
+            neigh_modify every 1 delay 0 check yes
+            timestep {case.timestep}
+            {case.nve_setup}
+            fix nve all nve
+            thermo 100
+            fix energy all print {ENERGY_EVERY} "$(step) $(etotal:%.17g) $(ke:%.17g)" &
+                file {slug}.energy screen no
+            """
+        )
+        + OWNER_DUMP.format(every=NVE_STEPS, path=f"{slug}.owner")
+        + f"run {NVE_STEPS}\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(prepared, tmp_path_factory):
+    """All of this module's LAMMPS runs on one rank count in one LAMMPS process, ``clear``
+    between them (the ranks import torch, mace-torch and aimnet once): every case's ``run
+    0`` and, on :data:`NVE_RANKS`, the NVE runs; made when a test first asks:
+    ``runs(nprocs) -> (workdir, {segment name: its output})``, the NVE runs' segments named
+    ``CASE/nve``."""
+    cache = {}
+
+    def run(nprocs: int):
+        if nprocs not in cache:
+            workdir = tmp_path_factory.mktemp(f"np{nprocs}")
+            scripts = {c.id: _run0_script(c, *prepared[c.id][:2]) for c in CASES.values()}
+            if nprocs in NVE_RANKS:
+                for case_id in NVE_CASES:
+                    case = CASES[case_id]
+                    scripts[f"{case_id}/nve"] = _nve_script(case, *prepared[case_id][:2])
+            script = "".join(
+                "clear\n" + segment_start(name) + text for name, text in scripts.items()
+            )
+            output = run_lammps(script, nprocs, workdir, timeout=2400).check().output
+            outputs = segments(output)
+            assert list(outputs) == list(scripts), (list(outputs), list(scripts))
+            cache[nprocs] = workdir, outputs
+        return cache[nprocs]
+
+    return run
 
 
 @pytest.mark.parametrize(
     ("case_id", "nprocs"),
-    [(c, n) for c in CASES for n in RANKS[c]],
-    ids=[f"{c}-np{n}" for c in CASES for n in RANKS[c]],
+    [(c, n) for c in CASES for n in NPROCS],
+    ids=[f"{c}-np{n}" for c in CASES for n in NPROCS],
 )
-def test_pipeline_equals_reference(case_id, nprocs, prepared, tmp_path):
+def test_pipeline_equals_reference(case_id, nprocs, prepared, runs):
     case = CASES[case_id]
-    data, model, ref = prepared[case_id]
-    script = _header(case, data, model) + textwrap.dedent(
-        f"""\
-        compute pe all pe/atom
-        thermo_style custom step pe {" ".join(PRESSURE)}
-        dump d all custom 1 atoms.dump id fx fy fz c_pe
-        dump_modify d sort id format float "%.17g"
-        run 0
-        """
-    )
-    script += print_results("RESULT", {"pe": "pe", **{p: p for p in PRESSURE}})
-    run = run_lammps(script, nprocs, tmp_path, timeout=600).check()
-    atoms, glob = read_dump(tmp_path / "atoms.dump"), read_results(run.output)
+    _, _, ref = prepared[case_id]
+    workdir, outputs = runs(nprocs)
+    atoms = read_dump(workdir / f"{_slug(case_id)}.dump")
+    glob = read_results(outputs[case_id])
     assert_matches_reference(f"{case_id}/np{nprocs}", atoms, glob, ref, case.cell, stress=False)
 
 
-@pytest.mark.parametrize("case_id", ["mace+d3+pme", "aimnet2->pme/charge1"])
-def test_nve_conserves_energy_on_two_ranks_as_on_one(case_id, prepared, tmp_path):
-    """500 NVE steps: E(t) on 2 ranks equals E(t) on 1 rank to 1e-10 |E(0)| every 10 steps
-    (the forces agree to rounding, so the trajectories stay together), and the total
-    energy stays within 1 % of the kinetic energy's scale (3/2 N kT) of its start — what
-    remains is the integrator's fluctuation and the small steps where a pair crosses D3's
-    and PME's sharp real-space cutoffs."""
+@pytest.mark.parametrize("case_id", NVE_CASES)
+def test_nve_conserves_energy_on_two_ranks_as_on_one(case_id, runs):
+    """200 NVE steps (NVE_STEPS), with a skin small enough that the neighbor lists are rebuilt
+    several times (and some atom changes rank on 2 ranks): E(t) on 2 ranks equals E(t) on 1 rank
+    to 1e-10 |E(0)| every 10 steps (the forces agree to rounding, so the trajectories stay
+    together), and the total energy stays within 1 % of the kinetic energy's scale
+    (3/2 N kT) of its start — what remains is the integrator's fluctuation and the small
+    steps where a pair crosses D3's and PME's sharp real-space cutoffs."""
     case = CASES[case_id]
-    data, model, _ = prepared[case_id]
     energies = {}
-    for nprocs in (1, 2):
-        workdir = tmp_path / f"np{nprocs}"
-        script = _header(case, data, model) + textwrap.dedent(
-            f"""\
-            velocity all create {case.temperature} 4928459 loop geom
-            neighbor 0.5 bin
-            neigh_modify every 1 delay 0 check yes
-            timestep {case.timestep}
-            fix nve all nve
-            thermo 100
-            fix energy all print {ENERGY_EVERY} "$(step) $(etotal:%.17g) $(ke:%.17g)" &
-                file energy.txt screen no
-            run {NVE_STEPS}
-            """
-        )
-        run_lammps(script, nprocs, workdir, timeout=900).check()
-        steps, etotal, _kinetic = np.loadtxt(workdir / "energy.txt", unpack=True)
+    for nprocs in NVE_RANKS:
+        workdir, outputs = runs(nprocs)
+        builds = neighbor_list_builds(outputs[f"{case_id}/nve"])
+        assert len(builds) == 1 and builds[0] >= NVE_MIN_BUILDS, builds
+        if nprocs > 1:
+            assert atoms_migrated(workdir / f"{_slug(case_id)}.owner") > 0
+        steps, etotal, _kinetic = np.loadtxt(workdir / f"{_slug(case_id)}.energy", unpack=True)
         assert steps[-1] == NVE_STEPS
         energies[nprocs] = etotal
     one, two = energies[1], energies[2]
