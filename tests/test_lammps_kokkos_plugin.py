@@ -459,10 +459,33 @@ def _mliap_after_plugin_script(path: Path, data: Path, nprocs: int) -> str:
     return script + run0_evaluation("mliap-after-plugin-mliap")
 
 
+def _nve_script(data: str, model: Path, processors: str, steps: int, name: str) -> str:
+    """``steps`` NVE steps from 300 K, then the dump ``NAME.dump`` (positions, velocities,
+    forces) and the energies printed with the tag ``NAME`` in capitals."""
+    return (
+        "units metal\natom_style atomic\natom_modify map array\n"
+        f"{processors}\nread_data {data}\n"
+        f"pair_style nvalchemi {model}\npair_coeff * * Ar Ne\n"
+        "velocity all create 300.0 4928459 loop geom\n"
+        "neighbor 1.0 bin\nneigh_modify every 1 delay 0 check yes\n"
+        "fix 1 all nve\ntimestep 0.002\nthermo 50\n"
+        f"run {steps}\n"
+        f"dump d all custom 1 {name}.dump id x y z vx vy vz fx fy fz\n"
+        'dump_modify d sort id format float "%.17g"\n'
+        "run 0\n" + print_results(name.upper(), {"pe": "pe", "etotal": "etotal"})
+    )
+
+
+def _nve200_script(path: Path, data: Path, nprocs: int) -> str:
+    return _nve_script(str(data), path, f"processors 1 1 {nprocs}", 200, "nve200")
+
+
 #: The shared processes' segments besides :data:`MODELS`' (:func:`shared_runs`), by name:
 #: (process, rank counts, model fixture, system, script of (model file, data file, ranks))
 OTHER_SEGMENTS = {
     "mliap-after-plugin": ("torch", (1, 4), "mp_model", "slab", _mliap_after_plugin_script),
+    # 2 ranks in a process of its own: make check's 2-rank process stays two evaluations
+    "nve200": ("torch", (1, 4), "mp_model", "slab", _nve200_script),
 }
 
 
@@ -577,33 +600,24 @@ def test_mliap_unified_after_the_plugin_started_python(shared_runs, mp_model, np
     assert_matches_reference(f"mliap-after-kokkos/mp/np{nprocs}", *mliap, ref, system.cell)
 
 
-def _nve_script(data: str, model: Path, processors: str, steps: int) -> str:
-    return (
-        "units metal\natom_style atomic\natom_modify map array\n"
-        f"{processors}\nread_data {data}\n"
-        f"pair_style nvalchemi {model}\npair_coeff * * Ar Ne\n"
-        "velocity all create 300.0 4928459 loop geom\n"
-        "neighbor 1.0 bin\nneigh_modify every 1 delay 0 check yes\n"
-        "fix 1 all nve\ntimestep 0.002\nthermo 50\n"
-        f"run {steps}\n"
-        "dump d all custom 1 final.dump id x y z vx vy vz fx fy fz\n"
-        'dump_modify d sort id format float "%.17g"\n'
-        "run 0\n" + print_results("RESULT", {"pe": "pe", "etotal": "etotal"})
-    )
-
-
-def test_md_equal_across_rank_counts(kokkos_lammps, mp_model, tmp_path):
+def test_md_equal_across_rank_counts(kokkos_lammps, shared_runs, mp_model, tmp_path):
     """200 NVE steps of the message-passing model (atoms migrate, lists are rebuilt, ghost
     features exchanged): 2 and 4 ranks against 1 rank, positions, velocities and forces by
-    atom ID, and the total energy."""
-    data, *_ = _slab(tmp_path)
+    atom ID, and the total energy. On 1 and 4 ranks in the shared processes
+    (:func:`shared_runs`), after the models; on 2 ranks in a process of its own."""
+    process, shared_ranks = OTHER_SEGMENTS["nve200"][:2]
     runs = {}
     for nprocs in (1, 2, 4):
-        work = tmp_path / f"np{nprocs}"
-        script = _nve_script(str(data), mp_model[1], f"processors 1 1 {nprocs}", 200)
-        run = kokkos_lammps.run(script, nprocs, work).check()
-        assert neighbor_list_builds(run.output)[0] > 0, "the lists were never rebuilt"
-        runs[nprocs] = read_dump(work / "final.dump"), read_results(run.output)
+        if nprocs in shared_ranks:
+            shared = shared_runs(process, nprocs)
+            work, output = shared.run.workdir, shared.output("nve200")
+        else:
+            work = tmp_path / f"np{nprocs}"
+            data, *_ = _slab(work)
+            script = _nve200_script(mp_model[1], data, nprocs)
+            output = kokkos_lammps.run(script, nprocs, work).check().output
+        assert neighbor_list_builds(output)[0] > 0, "the lists were never rebuilt"
+        runs[nprocs] = read_dump(work / "nve200.dump"), read_results(output, "NVE200")
     (one, one_results) = runs[1]
     for nprocs in (2, 4):
         atoms, results = runs[nprocs]
