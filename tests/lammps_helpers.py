@@ -395,6 +395,18 @@ def segments(output: str) -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2]))
 
 
+def run_segments(scripts: dict[str, str], nprocs: int, workdir, timeout: float) -> dict[str, str]:
+    """Every input of ``scripts`` (by segment name) in one LAMMPS process on ``nprocs``
+    ranks, each after a ``clear``: the ranks start and import their model packages once for
+    all of them. The output of each segment by name."""
+    from nvalchemi_lammps.lammps_run import run_lammps
+
+    script = "".join("clear\n" + segment_start(name) + text for name, text in scripts.items())
+    outputs = segments(run_lammps(script, nprocs, workdir, timeout=timeout).check().output)
+    assert list(outputs) == list(scripts), (list(outputs), list(scripts))
+    return outputs
+
+
 #: Commands that dump each atom's owning rank every ``{every}`` steps (step 0 included) to
 #: ``{path}``, for :func:`atoms_migrated`.
 OWNER_DUMP = (

@@ -40,8 +40,7 @@ from lammps_helpers import (
     atoms_per_rank,
     dump_commands,
     print_results,
-    segment_start,
-    segments,
+    run_segments,
 )
 
 from nvalchemi_lammps.lammps_run import read_dump, read_results, run_lammps
@@ -294,12 +293,7 @@ def runs(argon_data, models, tmp_path_factory):
                 for s in SYSTEMS
                 if nprocs in RANKS.get(s.id, [1, 4])
             }
-            script = "".join(
-                "clear\n" + segment_start(name) + text for name, text in scripts.items()
-            )
-            output = run_lammps(script, nprocs, workdir, timeout=1200).check().output
-            outputs = segments(output)
-            assert list(outputs) == list(scripts), (list(outputs), list(scripts))
+            outputs = run_segments(scripts, nprocs, workdir, timeout=1200)
             cache[nprocs] = workdir, outputs
         return cache[nprocs]
 

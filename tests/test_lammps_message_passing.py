@@ -38,12 +38,11 @@ from lammps_helpers import (
     read_evaluation,
     run0_evaluation,
     run0_header,
-    segment_start,
-    segments,
+    run_segments,
 )
 
 from nvalchemi_lammps import MessagePassing, save_model
-from nvalchemi_lammps.lammps_run import run_lammps, write_lammps_data
+from nvalchemi_lammps.lammps_run import write_lammps_data
 from nvalchemi_lammps.potentials import mace as mace_module
 from nvalchemi_lammps.reference import evaluate_reference
 
@@ -310,12 +309,7 @@ def runs(built, tmp_path_factory):
         if nprocs not in cache:
             workdir = tmp_path_factory.mktemp(f"np{nprocs}")
             scripts = _segments(nprocs, built, workdir)
-            script = "".join(
-                "clear\n" + segment_start(label) + text for label, text in scripts.items()
-            )
-            output = run_lammps(script, nprocs, workdir, timeout=1800).check().output
-            outputs = segments(output)
-            assert list(outputs) == list(scripts), (list(outputs), list(scripts))
+            outputs = run_segments(scripts, nprocs, workdir, timeout=1800)
             cache[nprocs] = workdir, outputs
         return cache[nprocs]
 

@@ -20,13 +20,12 @@ from lammps_helpers import (
     PRESSURE,
     assert_matches_reference,
     print_results,
-    segment_start,
-    segments,
+    run_segments,
 )
 
 from nvalchemi_lammps import Pipeline
 from nvalchemi_lammps.cli import main as cli_main
-from nvalchemi_lammps.lammps_run import read_dump, read_results, run_lammps, write_lammps_data
+from nvalchemi_lammps.lammps_run import read_dump, read_results, write_lammps_data
 from nvalchemi_lammps.reference import evaluate_reference
 
 pytestmark = pytest.mark.lammps
@@ -115,12 +114,8 @@ def runs(case, tmp_path_factory):
     def run(nprocs: int):
         if nprocs not in cache:
             workdir = tmp_path_factory.mktemp(f"np{nprocs}")
-            script = "".join(
-                "clear\n" + segment_start(name) + _evaluation(data, model, name, *how)
-                for name, *how in RUNS[nprocs]
-            )
-            outputs = segments(run_lammps(script, nprocs, workdir, timeout=1200).check().output)
-            assert list(outputs) == [name for name, *_ in RUNS[nprocs]], list(outputs)
+            scripts = {name: _evaluation(data, model, name, *how) for name, *how in RUNS[nprocs]}
+            outputs = run_segments(scripts, nprocs, workdir, timeout=1200)
             cache[nprocs] = {
                 name: (read_dump(workdir / f"{name}.dump"), read_results(output), output)
                 for name, output in outputs.items()

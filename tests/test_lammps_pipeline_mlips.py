@@ -32,12 +32,11 @@ from lammps_helpers import (
     atoms_migrated,
     neighbor_list_builds,
     print_results,
-    segment_start,
-    segments,
+    run_segments,
 )
 
 from nvalchemi_lammps import DFTD3, LennardJones, Pipeline, Pme, save_model
-from nvalchemi_lammps.lammps_run import read_dump, read_results, run_lammps, write_lammps_data
+from nvalchemi_lammps.lammps_run import read_dump, read_results, write_lammps_data
 from nvalchemi_lammps.potentials.mace import Mace
 from nvalchemi_lammps.reference import evaluate_reference
 
@@ -245,12 +244,7 @@ def runs(prepared, tmp_path_factory):
                 for case_id in NVE_CASES:
                     case = CASES[case_id]
                     scripts[f"{case_id}/nve"] = _nve_script(case, *prepared[case_id][:2])
-            script = "".join(
-                "clear\n" + segment_start(name) + text for name, text in scripts.items()
-            )
-            output = run_lammps(script, nprocs, workdir, timeout=2400).check().output
-            outputs = segments(output)
-            assert list(outputs) == list(scripts), (list(outputs), list(scripts))
+            outputs = run_segments(scripts, nprocs, workdir, timeout=2400)
             cache[nprocs] = workdir, outputs
         return cache[nprocs]
 
