@@ -471,18 +471,20 @@ def test_export_from_checkpoint(scale_shift, tmp_path, capsys):
     toml = tmp_path / "mace.toml"
     toml.write_text(
         f'potential = "mace"\ncheckpoint = "{tmp_path / "small.model"}"\ndtype = "float32"\n'
+        "pair_chunk = 200\n"
     )
     assert export.main([str(toml), "-o", str(tmp_path / "mace.pt")]) == 0
     assert "wrote" in capsys.readouterr().out
     loaded = load_model(tmp_path / "mace.pt")
     assert loaded.spec.dtype == "float32"
+    assert loaded.config()["pair_chunk"] == 200
     assert loaded.config()["model"] == potential.config()["model"]
 
     toml.write_text('potential = "mace"\nfile = "x"\n')
     assert export.main([str(toml), "-o", str(tmp_path / "bad.pt")]) == 1
     assert capsys.readouterr().out.startswith(
         "error: unknown key(s) file for potential mace "
-        "(allowed: potential, checkpoint, head, dtype, kernels)"
+        "(allowed: potential, checkpoint, head, dtype, kernels, pair_chunk)"
     )
 
 
@@ -603,6 +605,74 @@ def test_rewritten_tensor_product_used_only_when_it_gives_e3nns_output():
     assert not _same_output(tp, code, short)  # split_with_sizes refuses: not used
 
 
+# --- the pair work in chunks (pair_chunk) ------------------------------------------------
+
+
+def _chunked(potential: Mace, pair_chunk: int) -> Mace:
+    """``potential`` with its pair work in chunks of ``pair_chunk`` pairs, the same weights."""
+    config = potential.config()
+    chunked = Mace(
+        config["model"], dtype=config["dtype"], kernels=config["kernels"], pair_chunk=pair_chunk
+    )
+    chunked.load_state_dict(potential.state_dict())
+    return chunked
+
+
+@pytest.fixture(scope="module")
+def chunked(variant) -> Mace:
+    """The variant with its pair work in chunks of 50 pairs (the 32-atom system has ~1,500
+    pairs, the triclinic one a few hundred)."""
+    return _chunked(variant[2], 50)
+
+
+@pytest.mark.parametrize("system", SYSTEMS[:2], ids=lambda s: s.name)
+def test_pair_chunks_equal_all_pairs(variant, chunked, system):
+    """Residual and plain interaction blocks: the same results up to the sums' order,
+    alone and over 2 and 3 ranks (one empty) with both strategies."""
+    _, _, potential = variant
+    ref = _reference(potential, system)
+    assert_same_results(_reference(chunked, system), ref, tol=1e-12)
+    for nranks, nslabs in [(2, None), (3, 2)]:
+        exchanged, _ = _run_exchange(chunked, system, decompose(system, R_MAX, nranks, nslabs))
+        assert_same_results(exchanged, ref)
+        graphs = decompose_shell(system, R_MAX, potential.spec.layers, nranks, nslabs)
+        shelled, _ = _run_exchange(chunked, system, graphs, exchange=False)
+        assert_same_results(shelled, ref)
+
+
+def _saved_bytes(potential: Mace, system: System) -> int:
+    """Bytes of the distinct storages autograd keeps for the backward pass of one
+    evaluation of ``system`` (with ``torch.autograd.graph.saved_tensors_hooks``)."""
+    storages = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        _reference(potential, system)
+    return sum(storages.values())
+
+
+def test_pair_chunks_keep_less_for_the_backward(variant, chunked):
+    """What chunks are for: the pairs' convolution weights and messages are not kept for
+    the backward pass (made again there), so autograd keeps a fraction of the bytes
+    (measured: 0.30 for the scale-shift variant)."""
+    system = fcc_ar_kr()
+    whole, kept = _saved_bytes(variant[2], system), _saved_bytes(chunked, system)
+    assert kept < 0.5 * whole, (kept, whole)
+
+
+def test_pair_chunk_in_the_model_file(chunked, tmp_path):
+    assert chunked.config()["pair_chunk"] == 50
+    loaded = load_model(save_model(chunked, tmp_path / "chunked.pt"))
+    assert loaded.config() == chunked.config()
+    system = triclinic_ar_kr()
+    before, after = _reference(chunked, system), _reference(loaded, system)
+    assert np.array_equal(after.forces, before.forces)
+
+
 # --- errors --------------------------------------------------------------------------------
 
 
@@ -640,6 +710,21 @@ ERRORS = {
         (
             "unsupported MACE readout_cls LinearReadoutBlock "
             "(supported: NonLinearReadoutBlock, NonLinearBiasReadoutBlock)"
+        ),
+    ),
+    "pair-chunk": (
+        lambda config: Mace(config["model"], pair_chunk=-5),
+        "pair_chunk must be an integer >= 0 (0: off); got -5",
+    ),
+    "pair-chunk-block": (
+        lambda config: Mace(
+            {**config["model"], "interaction_cls": "RealAgnosticDensityInteractionBlock"},
+            pair_chunk=1000,
+        ),
+        (
+            "pair_chunk is not supported for MACE interaction blocks "
+            "RealAgnosticDensityInteractionBlock (supported: RealAgnosticInteractionBlock, "
+            "RealAgnosticResidualInteractionBlock); leave pair_chunk at 0"
         ),
     ),
     "keys": (

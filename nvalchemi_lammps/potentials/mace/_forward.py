@@ -18,12 +18,19 @@ from .._layers import (
     updated_rows,
     with_ghost_rows,
 )
+from ._chunked import interaction as chunked_interaction
 
 
 def _node_energies(
-    model: torch.nn.Module, graph: LocalGraph, head: int, dtype: torch.dtype
+    model: torch.nn.Module,
+    graph: LocalGraph,
+    head: int,
+    dtype: torch.dtype,
+    pair_chunk: int = 0,
 ) -> torch.Tensor:
-    """MACE's ``node_energy`` of every row of ``graph`` (ghost rows: anything finite)."""
+    """MACE's ``node_energy`` of every row of ``graph`` (ghost rows: anything finite), the
+    interaction blocks' pair work in chunks of ``pair_chunk`` pairs (0: all at once;
+    :mod:`._chunked`)."""
     mapped = graph.species >= 0
     num_elements = len(model.atomic_numbers)
     node_attrs = torch.nn.functional.one_hot(graph.species.clamp(min=0), num_elements)
@@ -51,9 +58,9 @@ def _node_energies(
 
     edges = _Edges(edge_attrs, edge_feats, edge_index, cutoff)
     if _exchanges_in_blocks(graph, model):
-        features = _owned_features(model, graph, node_attrs, node_feats, edges)
+        features = _owned_features(model, graph, node_attrs, node_feats, edges, pair_chunk)
     else:
-        features = _row_features(model, graph, node_attrs, node_feats, edges)
+        features = _row_features(model, graph, node_attrs, node_feats, edges, pair_chunk)
 
     node_heads = graph.species.new_full((owned,), head)
     last_only = len(model.readouts) == 1
@@ -92,18 +99,19 @@ def _row_features(
     node_attrs: torch.Tensor,
     node_feats: torch.Tensor,
     edges: _Edges,
+    pair_chunk: int,
 ) -> list[torch.Tensor]:
     """Every layer's features, rows of the whole graph (``updated_rows`` decides which are
     computed), ghost rows exchanged between layers by ``graph.comm``."""
     features = []
     plan = updated_rows(graph, len(model.interactions))
-    for layer, (interaction, product, rows) in enumerate(
-        zip(model.interactions, model.products, plan)
-    ):
+    for layer, (block, product, rows) in enumerate(zip(model.interactions, model.products, plan)):
         if layer > 0:
             # ghosts take their owners' features (the identity under the widened shell)
             node_feats = graph.comm.forward_exchange(node_feats)
-        node_feats, sc = interaction(
+        node_feats, sc = chunked_interaction(
+            block,
+            pair_chunk,
             node_attrs=node_attrs,
             node_feats=node_feats,
             first_layer=layer == 0,
@@ -125,6 +133,7 @@ def _owned_features(
     node_attrs: torch.Tensor,
     node_feats: torch.Tensor,
     edges: _Edges,
+    pair_chunk: int,
 ) -> list[torch.Tensor]:
     """Every layer's features of the owned rows, for the exchange strategy, as mace-torch's
     ML-IAP path runs the blocks: past the first layer an interaction takes the owned rows,
@@ -136,8 +145,10 @@ def _owned_features(
     natoms = (nlocal, graph.ntotal - nlocal)
     owned_attrs = node_attrs[:nlocal]
     features = []
-    for layer, (interaction, product) in enumerate(zip(model.interactions, model.products)):
-        node_feats, sc = interaction(
+    for layer, (block, product) in enumerate(zip(model.interactions, model.products)):
+        node_feats, sc = chunked_interaction(
+            block,
+            pair_chunk,
             node_attrs=owned_attrs if layer else node_attrs,
             node_feats=node_feats,
             first_layer=layer == 0,

@@ -17,6 +17,7 @@ import torch
 from ...contract import LocalGraph, ModelSpec, check_keys
 from .._base import Potential, register_potential
 from .._quiet import without_torchscript_warnings as _quiet_torchscript
+from ._chunked import check_chunkable
 from ._config import (
     _check_keys,
     _check_model_class,
@@ -48,6 +49,14 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _BUILDING = threading.Lock()
 
 
+def _check_pair_chunk(pair_chunk: Any, model: dict[str, Any]) -> None:
+    """``pair_chunk`` a count of pairs (0: off), for interaction blocks that run chunked."""
+    if isinstance(pair_chunk, bool) or not isinstance(pair_chunk, int) or pair_chunk < 0:
+        raise ValueError(f"pair_chunk must be an integer >= 0 (0: off); got {pair_chunk!r}")
+    if pair_chunk:
+        check_chunkable([model["interaction_cls_first"], model["interaction_cls"]])
+
+
 @register_potential
 class Mace(Potential):
     """A mace-torch ``MACE`` or ``ScaleShiftMACE`` model.
@@ -70,6 +79,11 @@ class Mace(Potential):
     :param kernels: ``auto`` (default: cuEquivariance's kernels on a CUDA device where
         cuequivariance-torch and cuequivariance-ops-torch are installed, e3nn's elsewhere),
         ``e3nn`` or ``cuequivariance`` (on any device; :data:`KERNELS`)
+    :param pair_chunk: run the interaction blocks' per-pair work in chunks of this many
+        pairs, each made again in the backward pass (:mod:`._chunked`): peak memory of one
+        chunk's pair work instead of every pair's, for about one more forward of the pair
+        work; 0 (default): all pairs at once. For systems whose pairs do not fit in GPU
+        memory otherwise (MACE-MP-0 medium's shape: ~17 kB per pair in float32)
     """
 
     name = "mace"
@@ -80,6 +94,7 @@ class Mace(Potential):
         head: str | None = None,
         dtype: str = "float64",
         kernels: str = "auto",
+        pair_chunk: int = 0,
     ) -> None:
         super().__init__()
         if dtype not in _DTYPES:
@@ -87,6 +102,7 @@ class Mace(Potential):
         if kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {', '.join(KERNELS)}; got '{kernels}'")
         _check_keys(model)
+        _check_pair_chunk(pair_chunk, model)
         heads = list(model["heads"])
         self.head_index = _head_index(heads, head)
         self.model = _inference(build_model(model).to(_DTYPES[dtype]))
@@ -102,6 +118,7 @@ class Mace(Potential):
             "head": heads[self.head_index],
             "dtype": dtype,
             "kernels": kernels,
+            "pair_chunk": int(pair_chunk),
         }
         if kernels == "cuequivariance" and not _cueq_available():
             raise ImportError(f"kernels = cuequivariance needs {_CUEQ_INSTALL}")
@@ -165,6 +182,7 @@ class Mace(Potential):
         head: str | None = None,
         dtype: str | None = None,
         kernels: str = "auto",
+        pair_chunk: int = 0,
     ) -> Mace:
         """Wrap a mace-torch model (its weights are copied; ``model`` is left as it is).
 
@@ -179,6 +197,7 @@ class Mace(Potential):
         :param head: head of a multi-head model (see the class)
         :param dtype: ``float64`` or ``float32``; default: the dtype of ``model``'s weights
         :param kernels: see the class
+        :param pair_chunk: see the class
         :raises ValueError: the model cannot be rebuilt from plain data
         """
         if dtype is None:
@@ -195,7 +214,9 @@ class Mace(Potential):
             raise ValueError(_OEQ_REFUSED)
         if _uses_cuequivariance(model):
             model = _to_e3nn(model)
-        potential = cls(model_config(model), head=head, dtype=dtype, kernels="e3nn")
+        potential = cls(
+            model_config(model), head=head, dtype=dtype, kernels="e3nn", pair_chunk=pair_chunk
+        )
         state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
         try:
             potential._load_weights(state)
@@ -240,6 +261,7 @@ class Mace(Potential):
         head: str | None = None,
         dtype: str = "float64",
         kernels: str = "auto",
+        pair_chunk: int = 0,
     ) -> Mace:
         """Load a mace-torch model file (``torch.save`` of the model, e.g. ``*.model``).
 
@@ -252,6 +274,7 @@ class Mace(Potential):
         :param head: head of a multi-head model (see the class)
         :param dtype: ``float64`` (default) or ``float32``
         :param kernels: see the class
+        :param pair_chunk: see the class
         """
         path = Path(path)
         if not path.is_file():
@@ -267,17 +290,19 @@ class Mace(Potential):
                 "alone (a training checkpoint) cannot be used; give the saved model "
                 "(*.model) instead"
             )
-        return cls.from_model(model, head=head, dtype=dtype, kernels=kernels)
+        return cls.from_model(model, head=head, dtype=dtype, kernels=kernels, pair_chunk=pair_chunk)
 
     @classmethod
     def from_export_config(cls, config: dict[str, Any]) -> Mace:
         """What ``nvalchemi-lammps export`` builds from a TOML file with
         ``potential = "mace"``: ``checkpoint`` (path of a mace-torch model file, relative
-        to the working directory; required), ``head``, ``dtype``, ``kernels``.
+        to the working directory; required), ``head``, ``dtype``, ``kernels``, ``pair_chunk``.
 
         The checkpoint is a pickle and is loaded as such (see :meth:`from_checkpoint`).
         """
-        check_keys(config, "potential mace", ("checkpoint", "head", "dtype", "kernels"))
+        check_keys(
+            config, "potential mace", ("checkpoint", "head", "dtype", "kernels", "pair_chunk")
+        )
         if "checkpoint" not in config:
             raise ValueError('potential mace needs key checkpoint = "<mace-torch model file>"')
         try:
@@ -286,6 +311,7 @@ class Mace(Potential):
                 head=config.get("head"),
                 dtype=config.get("dtype", "float64"),
                 kernels=config.get("kernels", "auto"),
+                pair_chunk=config.get("pair_chunk", 0),
             )
         except ImportError as err:  # the CLI reports ValueErrors as one line
             raise ValueError(str(err)) from None
@@ -374,4 +400,10 @@ class Mace(Potential):
         return self
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:
-        return _node_energies(self.network, graph, self.head_index, self.spec.torch_dtype)
+        return _node_energies(
+            self.network,
+            graph,
+            self.head_index,
+            self.spec.torch_dtype,
+            self._config["pair_chunk"],
+        )
