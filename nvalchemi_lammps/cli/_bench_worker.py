@@ -94,7 +94,9 @@ def _gpu_peak() -> float | None:
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return torch.cuda.max_memory_allocated() / 2**20
+        # reserved, not allocated: a CUDA graph's tensors live in its private pool, which
+        # counts as reserved but not allocated once the capture is done
+        return torch.cuda.max_memory_reserved() / 2**20
     return None
 
 
