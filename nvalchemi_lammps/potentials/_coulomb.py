@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from ..contract import LocalGraph, ModelSpec
+from . import _base
 from ._base import Potential
 
 #: LAMMPS's ``force->qqr2e`` (``update.cpp``): q^2/r in energy units, per unit style.
@@ -75,12 +76,6 @@ def real_space_error(alpha: float, cutoff: float, natoms: float, q2: float, volu
     """LAMMPS's estimate of the RMS force error of truncating the real-space sum at
     ``cutoff`` (``2 q2 exp(-alpha^2 rc^2) / sqrt(N rc V)``, force units)."""
     return 2.0 * q2 * math.exp(-((alpha * cutoff) ** 2)) / math.sqrt(natoms * cutoff * volume)
-
-
-def capturing() -> bool:
-    """Whether the current CUDA stream is being captured into a graph: checks that read
-    values back to the host then stay out (they ran at the warm-ups before)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def cell_inverse(cell: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -328,7 +323,7 @@ class Coulomb(Potential):
             )
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:
-        checking = not capturing()
+        checking = not _base.capturing()
         if checking:
             self._check_geometry(graph)
         dtype, device = graph.rij.dtype, graph.rij.device
