@@ -76,9 +76,11 @@ MLIAP_LAMMPS := .lammps-mliap
 MLIAP_STAMP  := $(MLIAP_LAMMPS)/.built
 
 # pytest workers (pytest-xdist), a test module each: one suite alone keeps a core and a half
-# busy (one Python, LAMMPS runs of one rank), two keep both
+# busy (one Python, LAMMPS runs of one rank), two keep both. The modules in the order
+# tests/conftest.py gives them, heaviest first (--no-loadscope-reorder: not xdist's, most
+# tests first), so that the workers finish together
 WORKERS ?= 2
-PYTEST  := -m pytest -q -n $(WORKERS) --dist loadfile
+PYTEST  := -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup setup-uma test-setup demo check test test-main test-uma test-torch211 bench clean
 
