@@ -153,7 +153,7 @@ def host_syncs(
     checks included); and the energies of the graph's rows. Inputs are cast to the
     potential's dtype first, as the engine casts them. ``host``: tensors that stay on the
     host on a GPU (:class:`HostSyncs`)."""
-    from nvalchemi_lammps.potentials import _base
+    from nvalchemi_lammps.potentials import _capture
 
     inner = potential.prepare_capture()
     dtype = potential.spec.torch_dtype
@@ -171,12 +171,12 @@ def host_syncs(
     layout = dataclasses.replace(layout, **leaves)
     weights = (torch.arange(layout.ntotal) < layout.nlocal).to(dtype)  # the owned rows' sum
     mode = HostSyncs(host)
-    outside, _base.capturing = _base.capturing, lambda: capturing
+    outside, _capture.capturing = _capture.capturing, lambda: capturing
     try:
         with mode, torch.autograd.set_multithreading_enabled(False):
             energies = inner(layout)
             grads = weights.to(energies.dtype)
             torch.autograd.grad(energies, list(leaves.values()), grads, allow_unused=True)
     finally:
-        _base.capturing = outside
+        _capture.capturing = outside
     return mode.found, energies.detach()[rows]

@@ -75,7 +75,12 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
-            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            targets = [f"{base}.{alias.name}" for alias in node.names]
+            # ``from . import mod``: the package is the importer's own ancestor, imported
+            # before it; what it brings is the submodules. Names that are not modules come
+            # from the package's own text.
+            if not (name.startswith(base + ".") and all(t in modules for t in targets)):
+                targets = [base, *targets]
         else:
             continue
         for target in targets:

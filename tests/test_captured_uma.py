@@ -23,7 +23,7 @@ from _uma_models import BACKBONE, BALANCED_BACKBONE, ELEMENTS, copper_oxide_box,
 
 from nvalchemi_lammps import evaluate
 from nvalchemi_lammps.engine import CapturedPotential, capture_potential
-from nvalchemi_lammps.potentials import _base
+from nvalchemi_lammps.potentials import _capture
 from nvalchemi_lammps.potentials import uma as uma_module
 from nvalchemi_lammps.potentials.uma import Uma
 
@@ -158,7 +158,7 @@ def test_replays_as_inside_a_capture(models, model, monkeypatch):
     wants = [evaluate(potential, graph) for graph in graphs]
     captured = CapturedPotential(potential)
     evaluate(captured, graphs[0])  # the capture, with its warm-up
-    monkeypatch.setattr(_base, "capturing", lambda: True)
+    monkeypatch.setattr(_capture, "capturing", lambda: True)
     for graph, want in zip(graphs, wants, strict=True):
         _assert_same(evaluate(captured, graph), want)
     assert captured.captures == 1
@@ -263,7 +263,7 @@ def test_too_many_neighbors_refused_captured(models, monkeypatch):
     capped.check_graph(padded)
     captured = CapturedPotential(capped)
     evaluate(captured, graph)
-    monkeypatch.setattr(_base, "capturing", lambda: True)
+    monkeypatch.setattr(_capture, "capturing", lambda: True)
     evaluate(captured, graph)
     capped.backbone.max_neighbors = most - 1
     with pytest.raises(ValueError, match=message):

@@ -2,8 +2,6 @@ from __future__ import annotations
 
 from importlib import import_module, metadata
 
-import torch
-
 from ..contract import Potential
 
 _REGISTRY: dict[str, type[Potential]] = {}
@@ -49,9 +47,3 @@ def potential_class(name: str) -> type[Potential]:
     except KeyError:
         known = ", ".join(sorted(_REGISTRY)) or "none"
         raise ValueError(f"unknown potential '{name}' (known: {known})") from None
-
-
-def capturing() -> bool:
-    """Whether the current CUDA stream is being captured into a graph: a potential's checks
-    that read values back to the host then stay out (they ran at the warm-ups before)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from ..contract import LocalGraph, ModelSpec
-from . import _base
+from . import _capture
 from ._base import Potential
 
 #: LAMMPS's ``force->qqr2e`` (``update.cpp``): q^2/r in energy units, per unit style.
@@ -323,7 +323,7 @@ class Coulomb(Potential):
             )
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:
-        checking = not _base.capturing()
+        checking = not _capture.capturing()
         if checking:
             self._check_geometry(graph)
         dtype, device = graph.rij.dtype, graph.rij.device

@@ -19,7 +19,7 @@ import math
 import torch
 
 from ..contract import LocalGraph
-from . import _base
+from . import _capture
 from ._base import register_potential
 from ._coulomb import (
     QQR2E,
@@ -129,7 +129,7 @@ class Ewald(Coulomb):
         dtype, device = q_owned.dtype, q_owned.device
         n = _half_space_vectors(kmax, device)
         inside = _in_sphere(n, kcell.detach().to(torch.float64), kmax)
-        captured = _base.capturing()
+        captured = _capture.capturing()
         if not captured:  # the k-vectors of LAMMPS's sphere only (about half of the cube)
             n = n[inside]
         determinant, inverse = cell_inverse(kcell)

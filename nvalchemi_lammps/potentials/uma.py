@@ -75,7 +75,7 @@ from typing import Any
 import torch
 
 from ..contract import LocalGraph, ModelSpec, check_keys
-from . import _base
+from . import _capture
 from ._base import Potential, register_potential
 from ._charge import checked_total_charge
 from ._quiet import without_warnings, without_warp_banner
@@ -495,7 +495,7 @@ class Uma(Potential):
         n, device = graph.ntotal, graph.species.device
         mapped = graph.species >= 0
         numbers = torch.where(mapped, self.atomic_numbers[graph.species.clamp(min=0)], 0)
-        capturing = _base.capturing()
+        capturing = _capture.capturing()
         if not capturing:
             self.check_graph(graph)
 
