@@ -19,10 +19,12 @@ from _systems import (
     fewer_atoms,
     lennard_jones,
 )
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from nvalchemi_lammps import MessagePassing, ModelSpec, Pipeline, Potential, evaluate
 from nvalchemi_lammps.contract import NoOpComm
 from nvalchemi_lammps.engine import CapturedPotential, capture_potential
+from nvalchemi_lammps.engine._captured import _Step
 from nvalchemi_lammps.frontends.session import Session
 
 
@@ -241,6 +243,89 @@ def test_pipeline_captures_its_parts():
     assert sum(isinstance(m, CapturedPotential) for m in captured.modules()) == 1
     graph = _graph(fcc_argon_222(), 6.0)
     _assert_same(evaluate(captured, graph), evaluate(pipeline, graph))
+
+
+class _Launches(TorchDispatchMode):
+    """The operations that launch work (views and detaches do not), outside the replays of
+    a captured step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self.replays = 0
+        self.replaying = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.replaying and not func.is_view and func is not torch.ops.aten.detach.default:
+            self.ops.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
+def test_step_is_one_replay(monkeypatch):
+    """A front door's step of a captured potential is one replay of one graph (forward,
+    backward and the sums read back), and outside it, with the topology handed again, only
+    the pair vectors' write, the positions' sum (their finiteness) and the one read of the
+    sums: the evaluation's tensors are views of the static buffers, equal to eager."""
+    potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=2, seed=3)
+    captured = CapturedPotential(potential)
+    graph = _graph(fcc_argon_222(), 5.0)
+    graph = dataclasses.replace(graph, positions=torch.zeros(graph.ntotal, 3, dtype=torch.float64))
+    evaluate(captured, graph)
+    launches = _Launches()
+    replay = _Step.replay
+
+    def counted(step):
+        launches.replays += 1
+        launches.replaying = True
+        try:
+            replay(step)
+        finally:
+            launches.replaying = False
+
+    monkeypatch.setattr(_Step, "replay", counted)
+    moved = dataclasses.replace(graph, rij=graph.rij * 1.01)
+    with launches:
+        got = evaluate(captured, moved)
+    assert launches.replays == 1 and isinstance(captured._graphs, _Step)
+    assert sorted(launches.ops) == ["cat", "copy_", "sum"]
+    _assert_same(got, evaluate(potential, moved))
+    assert got.pair_forces.untyped_storage().data_ptr() == (
+        captured._graphs.grads[0].untyped_storage().data_ptr()
+    )
+    assert captured.captures == 1
+
+
+def test_part_and_step_captured_apart():
+    """A captured potential differentiated as a part of a larger computation (its forward)
+    and evaluated as a front door's step: each is captured on its own buffers (the step's
+    in float64, the forward's in the potential's dtype), equal to eager either way."""
+    potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=2, seed=3)
+    captured = CapturedPotential(potential)
+    graph = _graph(fcc_argon_222(), 5.0)
+    _assert_same(evaluate(captured, graph), evaluate(potential, graph))
+    rij = graph.rij.clone().requires_grad_(True)
+    energies = captured(dataclasses.replace(graph, rij=rij))
+    (forces,) = torch.autograd.grad(energies[: graph.nlocal].sum(), rij)
+    want = evaluate(potential, graph)
+    assert torch.allclose(forces, want.pair_forces, rtol=1e-12, atol=0.0)
+    _assert_same(evaluate(captured, graph), want)
+    assert captured.captures == 3
+
+
+def test_nonfinite_inputs_of_a_captured_step():
+    """A NaN position counts in the step's finiteness (read back with the energy); a NaN
+    pair vector is named by its atoms, as for an eager potential."""
+    captured = CapturedPotential(MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=2, seed=3))
+    graph = _graph(fcc_argon_222(), 5.0)
+    positions = torch.zeros(graph.ntotal, 3, dtype=torch.float64)
+    assert evaluate(captured, dataclasses.replace(graph, positions=positions)).finite
+    positions[3, 1] = float("nan")
+    assert not evaluate(captured, dataclasses.replace(graph, positions=positions)).finite
+    rij = graph.rij.clone()
+    rij[5, 0] = float("nan")
+    pair = f"between atoms {int(graph.pair_i[5])} and {int(graph.pair_j[5])}"
+    with pytest.raises(ValueError, match=pair):
+        evaluate(captured, dataclasses.replace(graph, rij=rij))
 
 
 @pytest.fixture

@@ -16,9 +16,14 @@ pairs a row receives as one capacity more: counted on the host (one read from th
 outside the graphs) when the front door hands new pairs (the doors wrap LAMMPS's pairs
 anew every step).
 
-The forward and the backward are two graphs over one memory pool, replayed by an autograd
-function (as ``torch.cuda.make_graphed_callables`` does), so the engine differentiates a
-captured potential as any other. Ghost exchanges on one rank are a gather and a sum by owned
+A front door's step (:func:`~._evaluate.evaluate` of a captured potential) is one graph:
+the float64 inputs cast to the potential's dtype, the forward, the owned energy's gradient,
+and the sums read back with the energy (:meth:`CapturedPotential.evaluation`); outside it,
+per step, the buffers' writes, one replay and one read of a few values. A captured
+potential that is a part of another (a pipeline's term) is two graphs over one memory pool,
+the forward and the backward, replayed by an autograd function (as
+``torch.cuda.make_graphed_callables`` does), so that the whole is differentiated as any
+other potential. Ghost exchanges on one rank are a gather and a sum by owned
 row on the device, inside the graphs; exchanges or sums across ranks call MPI from the host
 and cannot be: a potential that needs them there runs eagerly
 (:attr:`CapturedPotential.eager_reason` says why, decided at the first step, the same on
@@ -31,6 +36,7 @@ potential on them again: everything but the graphs themselves.
 from __future__ import annotations
 
 import dataclasses
+import math
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +44,7 @@ from typing import Any
 import torch
 
 from ..contract import AdjointComm, LocalGraph, Potential
+from ._evaluation import Evaluation, check_energies, virial_voigt
 from ._padding import Capacities, PaddedGraph, PaddedPotential
 
 #: warm-up runs before a capture: lazy initialization (cuBLAS handles, kernel autotuning,
@@ -77,6 +84,7 @@ class _StaticComm(AdjointComm):
 class _Key:
     """What a capture is specialized to besides the capacities."""
 
+    step: bool  # the whole evaluation (_Step), or the forward and backward (_Graphs)
     dtype: torch.dtype
     exchange: bool
     one_rank: bool
@@ -84,6 +92,85 @@ class _Key:
     charges: str | None  # LAMMPS's ("constant") or another potential's ("differentiable")
     pbc: tuple[bool, bool, bool] | None
     state: tuple[Any, ...]
+
+
+def _warm_up(run: Callable[[], object]) -> None:
+    """``run`` a few times on a side stream before a capture (:data:`WARMUP`); its autograd
+    graphs go with the call, so that no node made on that stream outlives it (a capture on
+    another stream would wait for it)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(WARMUP):
+            run()
+    torch.cuda.current_stream().wait_stream(stream)
+
+
+def _gradients(
+    total: torch.Tensor, leaves: list[torch.Tensor], grad_out: torch.Tensor | None = None
+) -> list[torch.Tensor]:
+    """``total``'s gradients for every leaf, zeros for those it does not depend on."""
+    grads: list[torch.Tensor | None] = [None] * len(leaves)
+    if total.requires_grad:  # energies that depend on no input have no graph
+        with torch.autograd.set_multithreading_enabled(False):
+            grads = list(torch.autograd.grad(total, leaves, grad_out, allow_unused=True))
+    return [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads)]
+
+
+class _Step:
+    """The whole evaluation of a padded graph whose buffers are float64 (the front door's
+    values): cast to the potential's dtype, the forward, the owned energy's gradient for
+    every buffer that is a leaf, and the sums read back with the energy, as one CUDA graph
+    on a GPU, run again at each replay elsewhere.
+
+    After a replay, :attr:`energies` holds the owned rows' energies (float64; the owned
+    padding rows' are zero), :attr:`grads` the leaves' gradients, :attr:`virial` the cell's
+    part of the virial (for a potential that needs positions) and :attr:`sums` the energy
+    and the sum of each gradient and of the pair vectors: finite iff every term is."""
+
+    def __init__(self, potential: Potential, padded: PaddedGraph, comm: _StaticComm) -> None:
+        self.potential, self.padded = potential, padded
+        self.graph = padded.graph(comm)
+        self.dtype = potential.spec.torch_dtype
+        self.cuda = padded.rij.is_cuda
+        if self.cuda:
+            _warm_up(self._run)
+            self.cuda_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.cuda_graph):
+                self._run()
+        else:  # what cannot be captured stops here, as on a GPU
+            self._run()
+
+    def replay(self) -> None:
+        if self.cuda:
+            self.cuda_graph.replay()
+        else:
+            self._run()
+
+    @torch.enable_grad()
+    def _run(self) -> None:
+        padded, dtype = self.padded, self.dtype
+
+        def cast(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(dtype)
+
+        graph = dataclasses.replace(
+            self.graph,
+            rij=cast(padded.rij),
+            positions=cast(padded.positions),
+            cell=cast(padded.cell),
+            charges=cast(padded.charges),
+        )
+        energies = self.potential(graph)
+        check_energies(self.potential, energies, padded.atoms)
+        owned = energies[: padded.owned]
+        self.grads = _gradients(owned.sum(), padded.leaves)
+        self.energies = owned.detach().to(torch.float64)
+        sums = [self.energies.sum(), *(g.sum() for g in self.grads), padded.rij.detach().sum()]
+        self.sums = torch.stack(sums)
+        self.virial = None
+        if padded.positions is not None:
+            self.virial = virial_voigt(padded.cell, self.grads[2])
 
 
 class _Graphs:
@@ -103,27 +190,20 @@ class _Graphs:
         self._capture()
 
     def _gradients(self, energies: torch.Tensor, grad_out: torch.Tensor) -> list[torch.Tensor]:
-        with torch.autograd.set_multithreading_enabled(False):
-            grads = torch.autograd.grad(energies, self.leaves, grad_out, allow_unused=True)
-        return [torch.zeros_like(t) if g is None else g for t, g in zip(self.leaves, grads)]
+        return _gradients(energies, self.leaves, grad_out)
 
     @torch.enable_grad()
     def _capture(self) -> None:
+        def forward_and_backward() -> None:
+            energies = self.run()
+            self._gradients(energies, torch.ones_like(energies))
+
         if not self.cuda:  # a warm-up only: what cannot be captured stops here, as on a GPU
             energies = self.run()
             self._gradients(energies, torch.ones_like(energies))
             self.grad_out = torch.zeros_like(energies)
             return
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(WARMUP):
-                energies = self.run()
-                self._gradients(energies, torch.ones_like(energies))
-            # the warm-up's autograd graph goes: its nodes for the leaves were made on this
-            # stream, and a capture on another would wait for it
-            del energies
-        torch.cuda.current_stream().wait_stream(stream)
+        _warm_up(forward_and_backward)
         self.pool = torch.cuda.graph_pool_handle()
         self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.forward_graph, pool=self.pool):
@@ -207,7 +287,7 @@ class CapturedPotential(PaddedPotential):
         self.captures = 0
         #: why this potential runs eagerly after all (``None`` while it is captured)
         self.eager_reason: str | None = None
-        self._graphs: _Graphs | None = None
+        self._graphs: _Graphs | _Step | None = None
         self._key: _Key | None = None
         self._padded: PaddedGraph | None = None
         #: the pairs whose most pairs per row were counted last, and that count
@@ -216,16 +296,63 @@ class CapturedPotential(PaddedPotential):
     def forward(self, graph: LocalGraph) -> torch.Tensor:
         if self.eager_reason is None:
             try:
-                return self._replayed(graph)
+                owners = self._ready(graph, step=False)
+                padded = self._padded
+                return _Replay.apply(self._graphs, padded, graph, owners, *padded.values(graph))
             except NotCapturable as reason:
-                # the same on every rank (the rank count and the potential decide it), so
-                # every rank calls the same collectives from here on
-                self.eager_reason = str(reason)
-                self._graphs = None
-                self._padded = None
+                self._run_eagerly(reason)
         return self.inner(graph)
 
-    def _replayed(self, graph: LocalGraph) -> torch.Tensor:
+    def evaluation(self, graph: LocalGraph, checked: list[torch.Tensor]) -> Evaluation | None:
+        """:func:`~._evaluate.evaluate`'s work for ``graph`` as one replay: ``graph`` on the
+        potential's device in float64 as the front door gave it, its inputs for the
+        potential (positions, cell, charges only where it needs them); ``checked``: tensors
+        whose finiteness counts too, summed and read back with the energy. The tensors of
+        the evaluation are views of the static buffers, valid until the next one. ``None``
+        where the potential runs eagerly after all (:attr:`eager_reason`)."""
+        try:
+            owners = self._ready(graph, step=True)
+        except NotCapturable as reason:
+            self._run_eagerly(reason)
+            return None
+        step, padded = self._graphs, self._padded
+        with torch.no_grad():  # into buffers that are leaves
+            padded.load(graph, owners)
+            padded.load_values(*padded.values(graph))
+        step.replay()
+        sums = step.sums
+        if checked:  # their sums in the one read
+            extra = [t.sum().view(1).to(sums.device, sums.dtype) for t in checked]
+            sums = torch.cat((sums, *extra))
+        energy, *rest = sums.tolist()
+        finite = all(map(math.isfinite, [energy, *rest]))
+        atom_forces = virial = None
+        if padded.positions is not None:
+            atom_forces = -padded.unpadded(step.grads[1])
+            virial = step.virial
+        return Evaluation(
+            energy,
+            atom_energies=step.energies[: graph.nlocal],
+            pair_forces=step.grads[0][: graph.npairs],
+            atom_forces=atom_forces,
+            virial=virial,
+            finite=finite,
+        )
+
+    def _run_eagerly(self, reason: NotCapturable) -> None:
+        # the same on every rank (the rank count and the potential decide it), so every
+        # rank calls the same collectives from here on
+        self.eager_reason = str(reason)
+        self._graphs = None
+        self._padded = None
+
+    def _ready(self, graph: LocalGraph, step: bool) -> torch.Tensor | None:
+        """Capture again if ``graph`` outgrows the capacities or is not of the graphs'
+        kind (``step``: :class:`_Step`, else :class:`_Graphs`); the rows each row's forward
+        exchange copies (one rank), or ``None``.
+
+        :raises NotCapturable: the potential cannot run captured on ``graph``
+        """
         self.inner.check_graph(graph)  # the forward's own checks do not run at a replay
         comm = graph.comm
         owners = comm.local_owners(graph.rij.device) if comm.exchange else None
@@ -234,6 +361,7 @@ class CapturedPotential(PaddedPotential):
                 "its ghost features are exchanged through LAMMPS's communication every layer"
             )
         key = _Key(
+            step,
             graph.rij.dtype,
             comm.exchange,
             comm.one_rank,
@@ -247,10 +375,9 @@ class CapturedPotential(PaddedPotential):
         row_pairs = self._row_pairs(graph) if self.inner.pairs_by_row else None
         grown = self.capacities.fit(graph, row_pairs)
         if grown or key != self._key or self._graphs is None:
-            self._capture(graph, owners)
+            self._capture(graph, owners, step)
             self._key = key
-        padded = self._padded
-        return _Replay.apply(self._graphs, padded, graph, owners, *padded.values(graph))
+        return owners
 
     def _row_pairs(self, graph: LocalGraph) -> int:
         """The most pairs a row of ``graph`` receives: counted when the pairs are not the
@@ -264,9 +391,9 @@ class CapturedPotential(PaddedPotential):
             self._counted = (weakref.ref(pair_i), pair_i._version, count)
         return count
 
-    def _capture(self, graph: LocalGraph, owners: torch.Tensor | None) -> None:
+    def _capture(self, graph: LocalGraph, owners: torch.Tensor | None, step: bool) -> None:
         """Static buffers of the padded graph (holding ``graph``) and the graphs of the
-        potential on them."""
+        potential on them (``step``: of the whole evaluation)."""
         self._graphs = None  # the old graphs' memory goes back before the new capture
         self._padded = None
         padded = PaddedGraph(
@@ -278,12 +405,16 @@ class CapturedPotential(PaddedPotential):
         comm = _StaticComm(graph.comm.exchange, padded.owners, graph.comm.one_rank)
         inputs = padded.graph(comm)
         try:
-            graphs = _Graphs(lambda: self.inner(inputs), padded.leaves)
+            if step:
+                graphs = _Step(self.inner, padded, comm)
+            else:
+                graphs = _Graphs(lambda: self.inner(inputs), padded.leaves)
+                # padding rows have no energy to differentiate
+                padded.keep_padding(graphs.grad_out, 0.0)
         except NotCapturable:
             raise
         except RuntimeError as failed:  # an operation CUDA graphs cannot hold (a host sync)
             raise NotCapturable(f"its capture failed: {failed}") from failed
-        padded.keep_padding(graphs.grad_out, 0.0)  # padding rows have no energy to differentiate
         self._graphs, self._padded = graphs, padded
         self.captures += 1
 

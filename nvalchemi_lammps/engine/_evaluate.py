@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 
 import torch
 
 from ..contract import LocalGraph, Potential
+from ._captured import CapturedPotential
+from ._evaluation import Evaluation, check_energies, virial_voigt
 
 #: TorchScript's optimizing executor on for a potential's scripted modules: see
 #: :func:`optimize_torchscript`
@@ -29,44 +30,6 @@ def optimize_torchscript(on: bool) -> None:
     """
     global _torchscript_optimized
     _torchscript_optimized = bool(on)
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """What goes back to LAMMPS for one rank and one step.
-
-    :param energy: sum of ``atom_energies`` (this rank's share of the potential energy)
-    :param atom_energies: ``(nlocal,)`` float64 energies of the owned atoms, on the
-        potential's device; ``(ntotal,)`` for a half pair list (``half_pairs``): ghost rows
-        hold their share of pairs counted on this rank, which the front door folds into
-        their owners (LAMMPS's reverse communication of per-atom energies). ``None`` when
-        the front door did not ask for them (``atom_energies=False``) and a closed form
-        (``pair_terms``) gave the energy without them
-    :param pair_forces: ``(npairs, 3)`` float64 ``fij = +dE/drij``, on the potential's
-        device; the front door applies ``f[i] += fij`` and ``f[j] -= fij``. ``None`` when
-        the front door asked for ``pair_scalars`` and the potential gave them
-    :param atom_forces: ``(ntotal, 3)`` float64 ``-dE/dx`` of every atom row, for a
-        potential that ``needs_positions`` (else ``None``); ghost rows are folded into their
-        owners by the front door's reverse communication, like pair forces on ghosts
-    :param virial: ``(6,)`` float64 ``xx yy zz xy xz yz`` of ``-h^T dE/dh`` (``h``: the
-        cell, rows = lattice vectors), the virial's part that ``sum x . f`` misses, for a
-        potential that ``needs_positions`` (else ``None``)
-    :param finite: the energy and every force (and the virial) are finite numbers; the
-        front doors stop the run when not
-    :param pair_scalars: ``(npairs,)`` float64 ``s`` with ``fij = s * rij``, instead of
-        ``pair_forces``, when the front door asked for them (``evaluate(...,
-        pair_scalars=True)``) and the potential has a closed form (``pair_terms``): a
-        front door that applies pair forces in its own loop multiplies there, and no
-        ``(npairs, 3)`` tensor is made or copied
-    """
-
-    energy: float
-    atom_energies: torch.Tensor | None
-    pair_forces: torch.Tensor | None
-    atom_forces: torch.Tensor | None = None
-    virial: torch.Tensor | None = None
-    finite: bool = True
-    pair_scalars: torch.Tensor | None = None
 
 
 def _energy_and_finite(owned: torch.Tensor, grads: list[torch.Tensor]) -> tuple[float, bool]:
@@ -106,27 +69,6 @@ def _checked(result: Evaluation, graph: LocalGraph) -> Evaluation:
     if not result.finite:
         _check_pair_vectors(graph)
     return result
-
-
-def _check_energies(potential: Potential, energies: object, ntotal: int) -> None:
-    """Refuse what a potential's forward returned unless it is a floating-point tensor of
-    one energy per row, naming the potential and what it gave (an integer tensor would run
-    on with zero forces; a list or ``None`` would fail far from the cause)."""
-    if not isinstance(energies, torch.Tensor):
-        got = "None" if energies is None else f"a {type(energies).__name__}"
-    elif not energies.dtype.is_floating_point:
-        got = f"a tensor of dtype {energies.dtype}"
-    elif energies.shape != (ntotal,):
-        raise ValueError(
-            f"potential '{potential.name}' returned energies of shape {tuple(energies.shape)}, "
-            f"wanted ({ntotal},)"
-        )
-    else:
-        return
-    raise ValueError(
-        f"potential '{potential.name}' returned {got}: its forward must return a "
-        f"floating-point torch.Tensor of shape ({ntotal},), one energy per atom row"
-    )
 
 
 def potential_device(potential: Potential) -> torch.device:
@@ -194,10 +136,7 @@ def evaluate(
         # positions come back as a non-finite evaluation: the front door names the atoms.
         _check_pair_vectors(graph)
         return Evaluation(math.nan, atom_energies=None, pair_forces=None, finite=False)
-    dtype = spec.torch_dtype
     device = potential_device(potential)
-    leaf = rij.detach().to(device, non_blocking=True).requires_grad_(True)
-    leaves = [leaf]
     system = {"positions": None, "cell": None, "pbc": None, "charges": None}
     if spec.needs_positions:
         if graph.positions is None or graph.cell is None or graph.pbc is None:
@@ -205,27 +144,46 @@ def evaluate(
                 f"potential '{potential.name}' needs positions, cell and periodicity, which "
                 "this front door does not provide"
             )
-        position_leaf = graph.positions.detach().to(device, torch.float64).requires_grad_(True)
-        cell_leaf = graph.cell.detach().to(device, torch.float64).requires_grad_(True)
-        leaves += [position_leaf, cell_leaf]
         system = {
-            "positions": position_leaf.to(dtype),
-            "cell": cell_leaf.to(dtype),
+            "positions": graph.positions.detach().to(device, torch.float64),
+            "cell": graph.cell.detach().to(device, torch.float64),
             "pbc": tuple(bool(p) for p in graph.pbc),
-            "charges": None if graph.charges is None else graph.charges.to(device, dtype),
+            "charges": None
+            if graph.charges is None
+            else graph.charges.detach().to(device, torch.float64),
         }
     given = graph
     # what else must be finite, read back with the energy
     checked = [] if given.positions is None else [given.positions.detach()]
+    # the graph on the potential's device, in float64 as the front door gave it
     graph = dataclasses.replace(
         graph,
         species=graph.species.to(device, non_blocking=True),
         pair_i=pair_i.to(device, non_blocking=True),
         pair_j=pair_j.to(device, non_blocking=True),
-        rij=leaf.to(dtype),
+        rij=rij.detach().to(device, non_blocking=True),
         total_charge=float(graph.total_charge),
         **system,
     )
+    if isinstance(potential, CapturedPotential) and potential.eager_reason is None:
+        # the whole evaluation as one replay (None: it runs eagerly after all)
+        with torch.jit.optimized_execution(_torchscript_optimized):
+            result = potential.evaluation(graph, checked)
+        if result is not None:
+            return _checked(result, given)
+    dtype = spec.torch_dtype
+    leaf = graph.rij.requires_grad_(True)
+    leaves = [leaf]
+    if spec.needs_positions:
+        position_leaf = graph.positions.requires_grad_(True)
+        cell_leaf = graph.cell.requires_grad_(True)
+        leaves += [position_leaf, cell_leaf]
+        system = {
+            "positions": position_leaf.to(dtype),
+            "cell": cell_leaf.to(dtype),
+            "charges": None if graph.charges is None else graph.charges.to(dtype),
+        }
+    graph = dataclasses.replace(graph, rij=leaf.to(dtype), **system)
     if not spec.needs_positions:
         with torch.no_grad():
             terms = potential.pair_terms(graph)
@@ -241,7 +199,7 @@ def evaluate(
     # the calling thread's setting (optimize_torchscript), restored after
     with torch.jit.optimized_execution(_torchscript_optimized):
         energies = potential(graph)
-        _check_energies(potential, energies, graph.ntotal)
+        check_energies(potential, energies, graph.ntotal)
         owned = energies[:nlocal]
         total = owned.sum()
         grads = [None] * len(leaves)
@@ -260,15 +218,12 @@ def evaluate(
     )
     if not spec.needs_positions:
         return result
-    position_grad, cell_grad = grads[1], grads[2]
-    virial = -(leaves[2].detach().T @ cell_grad)
-    voigt = virial[[0, 1, 2, 0, 0, 1], [0, 1, 2, 1, 2, 2]]
     return Evaluation(
         energy=result.energy,
         atom_energies=owned,
         pair_forces=grads[0],
-        atom_forces=-position_grad,
-        virial=voigt,
+        atom_forces=-grads[1],
+        virial=virial_voigt(leaves[2], grads[2]),
         finite=finite,
     )
 

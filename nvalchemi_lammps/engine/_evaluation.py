@@ -1,0 +1,81 @@
+"""What the engine gives a front door for one rank and one step, and the check of what a
+potential's forward returned."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..contract import Potential
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What goes back to LAMMPS for one rank and one step.
+
+    From a captured potential (:class:`~._captured.CapturedPotential`) the tensors are views
+    of its static buffers, valid until its next evaluation: a front door uses them within
+    the step.
+
+    :param energy: sum of ``atom_energies`` (this rank's share of the potential energy)
+    :param atom_energies: ``(nlocal,)`` float64 energies of the owned atoms, on the
+        potential's device; ``(ntotal,)`` for a half pair list (``half_pairs``): ghost rows
+        hold their share of pairs counted on this rank, which the front door folds into
+        their owners (LAMMPS's reverse communication of per-atom energies). ``None`` when
+        the front door did not ask for them (``atom_energies=False``) and a closed form
+        (``pair_terms``) gave the energy without them
+    :param pair_forces: ``(npairs, 3)`` float64 ``fij = +dE/drij``, on the potential's
+        device; the front door applies ``f[i] += fij`` and ``f[j] -= fij``. ``None`` when
+        the front door asked for ``pair_scalars`` and the potential gave them
+    :param atom_forces: ``(ntotal, 3)`` float64 ``-dE/dx`` of every atom row, for a
+        potential that ``needs_positions`` (else ``None``); ghost rows are folded into their
+        owners by the front door's reverse communication, like pair forces on ghosts
+    :param virial: ``(6,)`` float64 ``xx yy zz xy xz yz`` of ``-h^T dE/dh`` (``h``: the
+        cell, rows = lattice vectors), the virial's part that ``sum x . f`` misses, for a
+        potential that ``needs_positions`` (else ``None``)
+    :param finite: the energy and every force (and the virial) are finite numbers; the
+        front doors stop the run when not
+    :param pair_scalars: ``(npairs,)`` float64 ``s`` with ``fij = s * rij``, instead of
+        ``pair_forces``, when the front door asked for them (``evaluate(...,
+        pair_scalars=True)``) and the potential has a closed form (``pair_terms``): a
+        front door that applies pair forces in its own loop multiplies there, and no
+        ``(npairs, 3)`` tensor is made or copied
+    """
+
+    energy: float
+    atom_energies: torch.Tensor | None
+    pair_forces: torch.Tensor | None
+    atom_forces: torch.Tensor | None = None
+    virial: torch.Tensor | None = None
+    finite: bool = True
+    pair_scalars: torch.Tensor | None = None
+
+
+def check_energies(potential: Potential, energies: object, ntotal: int) -> None:
+    """Refuse what a potential's forward returned unless it is a floating-point tensor of
+    one energy per row, naming the potential and what it gave (an integer tensor would run
+    on with zero forces; a list or ``None`` would fail far from the cause)."""
+    if not isinstance(energies, torch.Tensor):
+        got = "None" if energies is None else f"a {type(energies).__name__}"
+    elif not energies.dtype.is_floating_point:
+        got = f"a tensor of dtype {energies.dtype}"
+    elif energies.shape != (ntotal,):
+        raise ValueError(
+            f"potential '{potential.name}' returned energies of shape {tuple(energies.shape)}, "
+            f"wanted ({ntotal},)"
+        )
+    else:
+        return
+    raise ValueError(
+        f"potential '{potential.name}' returned {got}: its forward must return a "
+        f"floating-point torch.Tensor of shape ({ntotal},), one energy per atom row"
+    )
+
+
+def virial_voigt(cell: torch.Tensor, cell_grad: torch.Tensor) -> torch.Tensor:
+    """``xx yy zz xy xz yz`` of ``-h^T dE/dh`` (``h``: the cell, rows = lattice vectors), the
+    virial's part that ``sum x . f`` misses (views and one stack: no host data, so a CUDA
+    graph can hold it)."""
+    v = -(cell.detach().T @ cell_grad)
+    return torch.stack((v[0, 0], v[1, 1], v[2, 2], v[0, 1], v[0, 2], v[1, 2]))
