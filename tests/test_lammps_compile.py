@@ -2,8 +2,8 @@
 padded to fixed capacities, through LAMMPS on 1, 2 and 4 ranks.
 
 The compiled model must equal the reference without LAMMPS to 1e-10 relative (message
-passing and MACE, ghost features exchanged inside the compiled forward and backward, a rank
-without atoms at 4 ranks), and an MD run over many neighbor-list builds must compile nothing
+passing and MACE, ghost features exchanged inside the compiled forward and backward, ranks
+without atoms), and an MD run on 2 ranks over many neighbor-list builds must compile nothing
 after its first step: the pair style's count says 0.
 """
 
@@ -19,7 +19,6 @@ from lammps_helpers import (
     AR_SIGMA,
     COMPILED,
     CUTOFF,
-    NPROCS,
     assert_matches_reference,
     atoms_per_rank,
     comparison_script,
@@ -50,10 +49,14 @@ MODELS = {
 }
 
 
-#: (model, ranks): message passing at 1, 2 and 4 ranks (at 4 a rank without atoms); MACE,
-#: whose every rank compiles for minutes, at 2 (compiled MACE on one rank, equal to eager, and
-#: on a rank without pairs: tests/test_compiled.py)
-CASES = [("message_passing", n) for n in NPROCS] + [("mace", 2)]
+#: (model, ranks): message passing at 1 and 4 ranks (at 4, ranks exchanging with each other
+#: and two without atoms; 2 ranks, the second without atoms, would repeat it; the MD run below
+#: compiles on 2 ranks that both own atoms); MACE, whose every rank compiles for minutes, at 2
+#: (a rank without atoms; compiled MACE on one rank equal to eager, and on a rank without
+#: pairs: tests/test_compiled.py, tests/test_compiled_mace.py). MACE on 2 ranks showed a
+#: reverse exchange lost on one rank with the compiled copy's weights frozen (see
+#: Mace.prepare_compile); the unit test of a rank without pairs passes with them frozen (tried)
+CASES = [("message_passing", 1), ("message_passing", 4), ("mace", 2)]
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +83,7 @@ def test_compiled_equals_reference(model, nprocs, tmp_path):
     if nprocs == 4:
         owned = atoms_per_rank(run.output, "Nlocal")
         assert owned and owned[-1][0] == 0, f"no rank was left without atoms: {owned}"
+        assert owned[-1][1] < len(species), f"one rank owns every atom: {owned}"
     atoms, glob = read_dump(tmp_path / "atoms.dump"), read_results(run.output)
     assert_matches_reference(f"{name}/compiled/np{nprocs}", atoms, glob, ref, cell)
 

@@ -1,0 +1,105 @@
+"""MACE under ``torch.compile`` on padded graphs (engine/_compiled.py), its own paths: every
+row's features (no exchange strategy: the interaction blocks on all rows, the layers'
+features exchanged in between) equal to eager; with the exchange strategy, exchanges inside
+its blocks at mace-torch's hook point, and on a rank without pairs as many as eagerly.
+(MACE on owned rows with the exchange strategy, equal to eager: tests/test_compiled.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _compiling import ExchangeComm, assert_compiled_equals_eager, evaluate_on, mace
+from _systems import decompose, fcc_argon_222
+
+from nvalchemi_lammps import evaluate
+from nvalchemi_lammps.contract import Comm
+from nvalchemi_lammps.engine import CompiledPotential
+
+# every test compiles (minutes of CPU each): make check leaves them out
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiler():
+    """Compiled code is cached per function across instances: each test starts empty, so
+    that it counts its own compilations."""
+    torch._dynamo.reset()
+
+
+def test_compiled_on_every_row_equals_eager():
+    """MACE without the exchange strategy: every row's features, exchanged between the
+    layers, compiled equal to eager (_compiling.assert_compiled_equals_eager)."""
+    assert_compiled_equals_eager(mace())
+
+
+def test_mace_compiled_exchanges_inside_its_blocks(monkeypatch):
+    """Compiled, MACE runs its blocks as it does eagerly (tests/test_compiled.py's
+    test_exchange_strategy_on_owned_rows compares the two): exchanging at mace-torch's own hook point after each interaction's
+    ``linear_up``, owned rows only, not the whole layers' features in between. (A separate
+    compilation: the recording is state the compiled code guards on.) On torch 2.11 the
+    comparison of test_exchange_strategy_on_owned_rows fails if the hook goes through
+    mace-torch's ``LAMMPS_MP`` (zero gradients into the exchange; mace._handle_lammps_traced).
+    What is traced is settled when torch's tracer runs the Python code, before the backend
+    sees the graph: the graph runs as traced, without inductor's code generation (most of a
+    compilation's CPU, and the rest of these tests have it)."""
+    from nvalchemi_lammps.potentials.mace import _forward as mace_forward
+
+    def traced_only(self, graph_module, inputs):
+        self.compilations += 1
+        return graph_module.forward
+
+    monkeypatch.setattr(CompiledPotential, "_backend", traced_only)
+
+    potential = mace()  # before the recording: its check against mace-torch runs one rank
+    paths = []
+
+    def recording(name, run):
+        def recorded(*args):
+            paths.append(name)  # once, when the compiler traces it
+            return run(*args)
+
+        return recorded
+
+    for name in ("_owned_features", "_row_features"):
+        monkeypatch.setattr(mace_forward, name, recording(name, getattr(mace_forward, name)))
+    graph = decompose(fcc_argon_222(), potential.spec.cutoff, 1)[0]
+    compiled = CompiledPotential(potential)
+    evaluate_on(compiled, graph, ExchangeComm(graph.owner, graph.nlocal))
+    assert compiled.compilations == 1
+    assert paths == ["_owned_features"]
+
+
+class CountingComm(Comm):
+    """Exchanges as the identity, counted: what a rank of a decomposition calls."""
+
+    exchange = True
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def forward_exchange(self, src: torch.Tensor) -> torch.Tensor:
+        self.calls.append("forward")
+        return src.clone()
+
+    def reverse_exchange(self, src: torch.Tensor) -> torch.Tensor:
+        self.calls.append("reverse")
+        return src.clone()
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def test_rank_without_pairs_calls_every_exchange():
+    """A rank without atoms or pairs (a processors grid with empty ranks) exchanges as often
+    compiled as eagerly, as the other ranks do: MACE's exchanged rows feed pairs only, and
+    the compiler must not drop an exchange that its graph does not read (it did: the other
+    ranks waited for ever). Through inductor, whose dead code elimination dropped it."""
+    potential = mace()
+    empty = decompose(fcc_argon_222(), potential.spec.cutoff, 4, nslabs=2)[3]
+    assert empty.nlocal == 0 and len(empty.pair_i) == 0 and empty.ntotal > 0
+    calls = []
+    for run in (potential, CompiledPotential(potential)):
+        comm = CountingComm()
+        evaluate(run, empty.local_graph(comm))
+        calls.append(comm.calls)
+    assert calls[0] == calls[1] == ["forward", "reverse"], calls
