@@ -86,13 +86,13 @@ MLIAP_STAMP  := $(MLIAP_LAMMPS)/.built
 # tests first), so that the workers finish together
 WORKERS ?= 2
 PYTEST  := -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
-# MPICH's ranks poll for messages while they wait (in a collective, for a slower rank): with
-# more ranks than free cores (4 ranks on 2 cores, beside the other worker) the waiting ranks
-# spin on the cores the computing ones need. Throttled, a rank sleeps (usleep(1)) after 64
-# polls that found nothing; what the ranks compute is the same. Measured: the 4-rank LAMMPS
-# process of test_lammps_kokkos_plugin's models without extra packages took 22 s of CPU and
-# 12 s instead of 55 s and 28 s; unthrottled or after 4,096 polls (MPICH's default count
-# when throttled), the same 55 s.
+# MPICH's ranks poll for messages while they wait (for a rank still compiling, or in a
+# collective that a rank without atoms reaches first): with more ranks than free cores the
+# waiting ranks spin on the cores the computing ones need. Throttled, a rank sleeps
+# (usleep(1)) after 64 polls that found nothing; what the ranks compute is the same. Measured
+# alone, one run each way (cold torch.compile cache): test_lammps_kokkos_plugin 521 -> 464 s
+# of CPU (its 4-rank process of the models without extra packages 65 -> 23),
+# test_lammps_compile 548 -> 420; MPICH's own count when throttled (4,096 polls) saved nothing.
 MPI_ENV := MPIR_CVAR_CH4_PROGRESS_THROTTLE=1 MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT=64
 
 .PHONY: setup setup-uma test-setup demo check test test-main test-uma test-torch211 bench clean

@@ -83,11 +83,11 @@ DOOR_CHECKS = {
 
 #: CPU seconds of the heaviest modules (the test process and the LAMMPS runs it starts),
 #: measured in the whole suite on 2 cores (torch.compile's cache cold; the first four alone,
-#: with MPICH's polling throttled as make runs them). The modules run in
-#: this order, heaviest first, the rest after them as collected: pytest-xdist (``--dist
-#: loadfile --no-loadscope-reorder``, see the Makefile) hands each worker the next module
-#: when it is done, so the last ones are short and the workers finish together (xdist's own
-#: order, most tests first, may start a module of minutes last).
+#: with MPICH's polling throttled as make runs them). The modules run in this order,
+#: heaviest first, the rest after them as collected: pytest-xdist (``--dist loadfile
+#: --no-loadscope-reorder``, see the Makefile) hands each worker the next module when it is
+#: done, so the last ones are short and the workers finish together (xdist's own order, most
+#: tests first, may start a module of minutes last).
 MODULE_CPU_SECONDS = {
     "test_lammps_kokkos_plugin.py": 434,
     "test_lammps_compile.py": 420,
