@@ -89,16 +89,22 @@ def _assert_same(got, want, rtol=1e-12):
     ids=POTENTIALS.keys(),
 )
 def test_captured_equals_eager(make):
-    """Every potential that runs on padded graphs, captured, on one rank with the ghosts'
-    features gathered from their owners inside the captured step: equal to eager."""
+    """Every potential that runs on padded graphs, captured, on one rank: equal to eager,
+    and both equal to the ghost features exchanged eagerly (as between ranks): on one rank
+    the engine hands a potential the periodic system without ghost rows, each pair's
+    neighbor named by its owner, so the capture holds the owned rows only."""
     potential = make()
     captured = CapturedPotential(potential)
     graph = _graph(fcc_argon_222(), potential.spec.cutoff)
     want = evaluate(potential, graph)
+    _assert_same(
+        want, evaluate(potential, _graph(fcc_argon_222(), potential.spec.cutoff, RemoteComm))
+    )
     for _ in range(2):  # the capture, then a replay
         _assert_same(evaluate(captured, graph), want)
     assert captured.captures == 1 and captured.eager_reason is None
-    assert captured.atom_capacity > graph.ntotal and captured.pair_capacity > graph.npairs
+    assert graph.nlocal < captured.atom_capacity < graph.ntotal
+    assert captured.pair_capacity > graph.npairs
 
 
 def test_capture_again_only_when_outgrown():
@@ -139,7 +145,7 @@ def test_padding_is_inert_in_the_static_buffers():
 
 
 def test_topology_written_only_when_it_changes():
-    """A step writes the static buffers' topology (species, pairs, owners) and padding only
+    """A step writes the static buffers' topology (species, pairs) and padding only
     when they change: not at all for the same tensors, unchanged; for the same counts and
     other pairs, for species changed in place (torch counts its writes), for fewer pairs
     (those dropped become padding) and back, each equal to eager, without a capture."""
@@ -148,7 +154,7 @@ def test_topology_written_only_when_it_changes():
     graph = _graph(fcc_argon_222(), 5.0)
     _assert_same(evaluate(captured, graph), evaluate(potential, graph))
     buffers = captured._padded
-    topology = (buffers.species, buffers.pair_i, buffers.pair_j, buffers.owners)
+    topology = (buffers.species, buffers.pair_i, buffers.pair_j)
     written = [t._version for t in topology]
     moved = dataclasses.replace(graph, rij=graph.rij * 1.01)
     _assert_same(evaluate(captured, moved), evaluate(potential, moved))

@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 
 import torch
 
-from ..contract import LocalGraph, Potential
+from ..contract import LocalGraph, NoOpComm, Potential
 from ._captured import CapturedPotential
 from ._evaluation import Evaluation, check_energies, virial_voigt
 
@@ -69,6 +70,52 @@ def _checked(result: Evaluation, graph: LocalGraph) -> Evaluation:
     if not result.finite:
         _check_pair_vectors(graph)
     return result
+
+
+def _without_ghosts(graph: LocalGraph) -> LocalGraph:
+    """``graph`` with each pair's neighbor named by its owner's row and no ghost rows, where
+    every ghost is an image of an atom this rank owns (one rank, the exchange strategy:
+    :meth:`Comm.local_owners <nvalchemi_lammps.contract.Comm.local_owners>`): the periodic
+    system as it is, whose ghost features a potential would only copy from their owners.
+    The same energy as a function of the same pair vectors, so the same owned energies and
+    pair forces, without ghost rows to compute, exchange, pad or capture. Else ``graph``."""
+    owners = graph.comm.local_owners(graph.pair_j.device) if graph.comm.exchange else None
+    if owners is None:
+        return graph
+    species, pair_j = _folded.topology(graph.species, graph.pair_j, owners, graph.nlocal)
+    return dataclasses.replace(graph, species=species, pair_j=pair_j, comm=NoOpComm())
+
+
+class _Fold:
+    """The last folded topology, handed out again while the same tensors, unchanged, come
+    (a front door handing the topology again): a captured potential then sees the tensors
+    it wrote last time and writes nothing."""
+
+    def __init__(self) -> None:
+        self._given: list[tuple[weakref.ref, int]] = []
+        self._nlocal = -1
+        self._value: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def topology(
+        self, species: torch.Tensor, pair_j: torch.Tensor, owners: torch.Tensor, nlocal: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        given = (species, pair_j, owners)
+        if (
+            self._value is not None
+            and nlocal == self._nlocal
+            and all(ref() is t and t._version == v for (ref, v), t in zip(self._given, given))
+        ):
+            return self._value
+        value = (species[:nlocal], owners.index_select(0, pair_j))
+        self._value = None
+        # inference tensors do not count their writes: folded every time
+        if not any(t.is_inference() for t in given):
+            self._given = [(weakref.ref(t), t._version) for t in given]
+            self._nlocal, self._value = nlocal, value
+        return value
+
+
+_folded = _Fold()
 
 
 def potential_device(potential: Potential) -> torch.device:
@@ -165,6 +212,8 @@ def evaluate(
         total_charge=float(graph.total_charge),
         **system,
     )
+    if not (spec.needs_positions or half_pairs):
+        graph = _without_ghosts(graph)
     if isinstance(potential, CapturedPotential) and potential.eager_reason is None:
         # the whole evaluation as one replay (None: it runs eagerly after all)
         with torch.jit.optimized_execution(_torchscript_optimized):
