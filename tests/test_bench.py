@@ -42,13 +42,19 @@ def test_bench_reports_every_run(tmp_path, capsys):
     config = _config(
         tmp_path, "{potential: message_passing, elements: [Ar, Ne], cutoff: 4.5, layers: 2}"
     )
-    assert main(["bench", str(config), "--out", str(tmp_path / "out")]) == 0
-    result = json.loads((tmp_path / "out" / "bench_small.json").read_text())
+    out = tmp_path / "out"
+    assert main(["bench", str(config), "--out", str(out), "--profile"]) == 0
+    result = json.loads((out / "bench_small.json").read_text())
     rows = result["rows"]
     assert [(r["atoms"], r["ranks"], r["style"]) for r in rows] == [
         (256, 1, "nvalchemi"),
         (256, 2, "nvalchemi"),
     ]
+    # rank 0's profile of each process: the table of ops and the timeline
+    for ranks in (1, 2):
+        stem = out / f"profile_small_256_{ranks}_nvalchemi"
+        assert "Self CPU" in stem.with_suffix(".txt").read_text()
+        assert json.loads(stem.with_suffix(".json").read_text())["traceEvents"]
     for row in rows:
         assert row["ms_per_step"] > 0.0 and row["inside_model_ms"] > 0.0
         assert row["force_difference"] <= 1e-10
@@ -58,7 +64,7 @@ def test_bench_reports_every_run(tmp_path, capsys):
     # the bare model is timed on 1 rank only (in the same process as the steps)
     assert rows[0]["model_ms"] > 0.0 and rows[0]["step_over_model"] > 0.0
     assert rows[1]["model_ms"] is None
-    assert (tmp_path / "out" / "bench_small.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "bench_small.png").read_bytes()[:4] == b"\x89PNG"
     assert "step/mdl" in capsys.readouterr().out
 
 

@@ -70,7 +70,8 @@ class BareModel:
 
 
 def _profiled(lmp, command: str, out: Path):
-    """``command`` under torch.profiler; its table of ops by total time into ``out``."""
+    """``command`` under torch.profiler: its table of ops by total time into ``out``, its
+    timeline (host and GPU, Chrome's trace format: Perfetto opens it) beside it as .json."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -81,6 +82,7 @@ def _profiled(lmp, command: str, out: Path):
         lmp.command(command)
     key = "cuda_time_total" if len(activities) > 1 else "cpu_time_total"
     out.write_text(prof.key_averages().table(sort_by=key, row_limit=40) + "\n")
+    prof.export_chrome_trace(str(out.with_suffix(".json")))
 
 
 def _gpu_peak_reset() -> None:

@@ -14,7 +14,7 @@ step / model (each round against the mean of the bare model just before and afte
 step - model (the fixed cost of a step beyond the model), for this project's sessions the
 split LAMMPS / bridge / model / collectives, peak memory (host per process, GPU per style);
 with a compiled model, the graphs compiled during the timed steps; with ``profile``, a
-torch.profiler table of each style's last timed run.
+torch.profiler table of each style's last timed run and its timeline.
 
     name: lj-argon
     model: {potential: lennard_jones, ...}   # or {file: argon.pt},
@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import sys
 import sysconfig
 import tempfile
@@ -275,12 +276,11 @@ def run(args: argparse.Namespace) -> int:
                 workdir = tmp / f"{cells}-{ranks}"
                 out = _run_process(config, spec, ranks, workdir, shlex.split(args.mpirun))
                 if config.profile:
-                    for path in workdir.glob("profile_*_rank*.txt"):
+                    for path in workdir.glob("profile_*_rank0.*"):
                         k = int(path.stem.split("_")[1])
                         name = config.styles[k].name.replace("/", "-")
-                        target = f"profile_{config.name}_{len(positions)}_{ranks}_{name}.txt"
-                        if path.stem.endswith("rank0"):
-                            (args.out / target).write_text(path.read_text())
+                        target = f"profile_{config.name}_{len(positions)}_{ranks}_{name}"
+                        shutil.copyfile(path, args.out / (target + path.suffix))
                 first = first or out["step0"]
                 for k, style in enumerate(config.styles):
                     new = row(config, style, k, len(positions), ranks, out, first)
