@@ -81,47 +81,47 @@ DOOR_CHECKS = {
 }
 
 
-#: CPU seconds of the heaviest modules (the test process and the LAMMPS runs it starts),
-#: measured in the whole suite on 2 cores (torch.compile's cache cold; the first four alone,
-#: with MPICH's polling throttled as make runs them). The modules run in this order,
-#: heaviest first, the rest after them as collected: pytest-xdist (``--dist loadfile
-#: --no-loadscope-reorder``, see the Makefile) hands each worker the next module when it is
-#: done, so the last ones are short and the workers finish together (xdist's own order, most
-#: tests first, may start a module of minutes last).
-MODULE_CPU_SECONDS = {
-    "test_lammps_kokkos_plugin.py": 434,
-    "test_lammps_compile.py": 420,
-    "test_compiled.py": 268,
-    "test_compiled_mace.py": 230,
-    "test_mace.py": 223,
-    "test_lammps_pipeline_mlips.py": 205,
-    "test_lammps_mliap.py": 169,
-    "test_lammps_message_passing.py": 139,
-    "test_lammps_errors.py": 131,
-    "test_mliap.py": 102,
-    "test_lammps_integrity.py": 99,
-    "test_charged_mlips.py": 97,
-    "test_lammps_pipeline_lj_mp_ewald.py": 96,
-    "test_bench.py": 91,
-    "test_validate.py": 73,
-    "test_lammps_lj.py": 71,
-    "test_lammps_ewald.py": 61,
-    "test_aimnet2.py": 51,
-    "test_lammps_pme.py": 45,
-    "test_benchmark_models.py": 40,
-    "test_lammps_capture.py": 40,
+#: Seconds of the heaviest modules (wall: the test process and the LAMMPS runs it waits
+#: for), measured in the whole suite as make runs it on 2 cores, torch.compile's cache cold
+#: (2026-12-07; the compiled-model modules as in the torch 2.11 suite). The modules run in
+#: this order, heaviest first, the rest after them as collected: pytest-xdist (``--dist
+#: loadfile --no-loadscope-reorder``, see the Makefile) hands each worker the next module
+#: when it is done, so the last ones are short and the workers finish together (xdist's own
+#: order, most tests first, may start a module of minutes last).
+MODULE_SECONDS = {
+    "test_lammps_kokkos_plugin.py": 288,
+    "test_lammps_compile.py": 282,
+    "test_mace.py": 207,
+    "test_bench.py": 122,
+    "test_compiled_mace.py": 112,
+    "test_compiled.py": 107,
+    "test_lammps_integrity.py": 96,
+    "test_lammps_mliap.py": 94,
+    "test_lammps_pipeline_mlips.py": 94,
+    "test_lammps_errors.py": 93,
+    "test_mliap.py": 82,
+    "test_lammps_message_passing.py": 65,
+    "test_benchmark_models.py": 63,
+    "test_charged_mlips.py": 47,
+    "test_lammps_pipeline_lj_mp_ewald.py": 46,
+    "test_aimnet2.py": 33,
+    "test_validate.py": 30,
+    "test_lammps_ewald.py": 28,
+    "test_lammps_pme.py": 23,
+    "test_lammps_resident.py": 15,
+    "test_lammps_lj.py": 15,
 }
 
 
 def _module_cost(item) -> float:
-    return -MODULE_CPU_SECONDS.get(item.path.name, 0)
+    return -MODULE_SECONDS.get(item.path.name, 0)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m, --deselect and --lf take items away
 def pytest_collection_modifyitems(config, items) -> None:
     """``slow`` on every LAMMPS run but the door checks. A door check missing from a whole
     module that was collected is an error, so that ``make check`` never loses one unnoticed.
-    The modules heaviest first (:data:`MODULE_CPU_SECONDS`), each module's tests in their
+    The modules heaviest first (:data:`MODULE_SECONDS`), each module's tests in their
     order."""
     items.sort(key=_module_cost)  # stable: the rest as collected
     for item in items:
