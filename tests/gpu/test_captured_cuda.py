@@ -1,7 +1,8 @@
 """Potentials captured as CUDA graphs (engine/_captured.py) on a GPU, against the same
-potentials run eagerly there: one rank whose ghosts gather their owners' features inside the
-graphs, replays after the capture, a capture again when a graph outgrows the capacities;
-DFT-D3, Ewald and PME (explicit alpha and resolution) likewise. Needs no LAMMPS."""
+potentials run eagerly there: one rank (whose ghosts the engine folds into their owners),
+replays after the capture, a capture again when a graph outgrows the capacities; DFT-D3,
+Ewald and PME (explicit alpha and resolution; their ghosts gathered inside the graphs)
+likewise. Needs no LAMMPS."""
 
 from __future__ import annotations
 
