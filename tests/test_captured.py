@@ -7,6 +7,7 @@ tests/gpu captures real CUDA graphs.)"""
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from nvalchemi_lammps import MessagePassing, ModelSpec, Pipeline, Potential, eva
 from nvalchemi_lammps.contract import NoOpComm
 from nvalchemi_lammps.engine import CapturedPotential, capture_potential
 from nvalchemi_lammps.engine._captured import _Step
+from nvalchemi_lammps.engine._evaluate import _folded
 from nvalchemi_lammps.frontends.session import Session
 
 
@@ -172,6 +174,19 @@ def test_topology_written_only_when_it_changes():
     graph.species[:5] = 1 - graph.species[:5]  # the same tensor, written in place
     _assert_same(evaluate(captured, graph), evaluate(potential, graph))
     assert captured.captures == 1
+
+
+def test_folded_topology_goes_with_its_tensors():
+    """The engine keeps one rank's folded topology (each pair's neighbor named by its owned
+    atom) while the tensors it came from live, so that a captured potential handed them
+    again writes nothing (above); a front door's tensors, freed after its step, take it
+    along: nothing of a finished run stays on the device."""
+    graph = _graph(fcc_argon_222(), 5.0)
+    evaluate(MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=2, seed=3), graph)
+    assert _folded._value is not None
+    del graph
+    gc.collect()
+    assert _folded._value is None
 
 
 def test_shell_strategy_captured():

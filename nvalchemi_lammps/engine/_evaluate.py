@@ -88,8 +88,9 @@ def _without_ghosts(graph: LocalGraph) -> LocalGraph:
 
 class _Fold:
     """The last folded topology, handed out again while the same tensors, unchanged, come
-    (a front door handing the topology again): a captured potential then sees the tensors
-    it wrote last time and writes nothing."""
+    (a caller handing the topology again): a captured potential then sees the tensors it
+    wrote last time and writes nothing. Kept only while the tensors it was folded from live
+    (a front door's, freed after its step, take it along)."""
 
     def __init__(self) -> None:
         self._given: list[tuple[weakref.ref, int]] = []
@@ -110,9 +111,12 @@ class _Fold:
         self._value = None
         # inference tensors do not count their writes: folded every time
         if not any(t.is_inference() for t in given):
-            self._given = [(weakref.ref(t), t._version) for t in given]
+            self._given = [(weakref.ref(t, self._forget), t._version) for t in given]
             self._nlocal, self._value = nlocal, value
         return value
+
+    def _forget(self, _: weakref.ref) -> None:
+        self._given, self._value = [], None
 
 
 _folded = _Fold()
