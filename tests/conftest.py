@@ -83,11 +83,12 @@ DOOR_CHECKS = {
 
 #: Seconds of the heaviest modules (wall: the test process and the LAMMPS runs it waits
 #: for), measured in the whole suite as make runs it on 2 cores, torch.compile's cache cold
-#: (2026-12-07; the compiled-model modules as in the torch 2.11 suite). The modules run in
-#: this order, heaviest first, the rest after them as collected: pytest-xdist (``--dist
-#: loadfile --no-loadscope-reorder``, see the Makefile) hands each worker the next module
-#: when it is done, so the last ones are short and the workers finish together (xdist's own
-#: order, most tests first, may start a module of minutes last).
+#: (2026-12-07, when the compiled-model modules, now in the torch 2.11 suite only, still
+#: ran with the rest: their order there). The modules run in this order, heaviest first,
+#: the rest after them as collected: pytest-xdist (``--dist loadfile
+#: --no-loadscope-reorder``, see the Makefile) hands each worker the next module when it is
+#: done, so the last ones are short and the workers finish together (xdist's own order, most
+#: tests first, may start a module of minutes last).
 MODULE_SECONDS = {
     "test_lammps_kokkos_plugin.py": 288,
     "test_lammps_compile.py": 282,
