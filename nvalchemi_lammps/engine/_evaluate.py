@@ -9,6 +9,7 @@ import torch
 from ..contract import LocalGraph, NoOpComm, Potential
 from ._captured import CapturedPotential
 from ._evaluation import Evaluation, check_energies, virial_voigt
+from ._padding import Seen, seen, unchanged
 
 #: TorchScript's optimizing executor on for a potential's scripted modules: see
 #: :func:`optimize_torchscript`
@@ -93,7 +94,7 @@ class _Fold:
     (a front door's, freed after its step, take it along)."""
 
     def __init__(self) -> None:
-        self._given: list[tuple[weakref.ref, int]] = []
+        self._given: list[Seen | None] = []
         self._nlocal = -1
         self._value: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -104,15 +105,14 @@ class _Fold:
         if (
             self._value is not None
             and nlocal == self._nlocal
-            and all(ref() is t and t._version == v for (ref, v), t in zip(self._given, given))
+            and all(map(unchanged, self._given, given))
         ):
             return self._value
         value = (species[:nlocal], owners.index_select(0, pair_j))
-        self._value = None
+        marks = [seen(t, self._forget) for t in given]
         # inference tensors do not count their writes: folded every time
-        if not any(t.is_inference() for t in given):
-            self._given = [(weakref.ref(t, self._forget), t._version) for t in given]
-            self._nlocal, self._value = nlocal, value
+        kept = None not in marks
+        self._given, self._nlocal, self._value = marks, nlocal, value if kept else None
         return value
 
     def _forget(self, _: weakref.ref) -> None:

@@ -38,6 +38,20 @@ import torch
 
 from ..contract import Comm, LocalGraph, NoOpComm, Potential
 
+#: a tensor as it was when seen: a weak reference and torch's count of its in-place writes
+Seen = tuple[weakref.ref, int]
+
+
+def seen(t: torch.Tensor, callback: Any = None) -> Seen | None:
+    """``t`` as it is now (``callback`` called when it dies); ``None`` for an inference
+    tensor, whose writes torch does not count (never :func:`unchanged`)."""
+    return None if t.is_inference() else (weakref.ref(t, callback), t._version)
+
+
+def unchanged(mark: Seen | None, t: torch.Tensor) -> bool:
+    """``t`` is the tensor ``mark`` saw, not written since."""
+    return mark is not None and mark[0]() is t and mark[1] == t._version
+
 
 def _capacity(
     count: int, headroom: float, old: int = 0, growth: float = 1.0, multiple: int = 64
@@ -175,7 +189,7 @@ class PaddedGraph:
         self._counts: tuple[int, int] | None = None  # owned and ghost rows written
         self._npairs = pairs  # pairs written (beyond them: padding)
         self._spread = torch.empty(0, **index)
-        self._written: dict[str, tuple[weakref.ref, int]] = {}
+        self._written: dict[str, Seen | None] = {}
 
     def graph(self, comm: Comm) -> LocalGraph:
         """The padded graph over the buffers, with ``comm`` as its collectives."""
@@ -257,12 +271,9 @@ class PaddedGraph:
         # whether t (None: nothing to write) is not the tensor written last time, unchanged
         if t is None:
             return False
-        if t.is_inference():  # no count of its writes
-            return True
-        last = self._written.get(name)
-        if last is not None and last[0]() is t and last[1] == t._version:
+        if unchanged(self._written.get(name), t):
             return False
-        self._written[name] = (weakref.ref(t), t._version)
+        self._written[name] = seen(t)
         return True
 
     def _place_rows(self, nlocal: int, nghost: int) -> None:
