@@ -93,29 +93,23 @@ DeviceArray describe(const View &view, int64_t rows = -1)
   return array;
 }
 
-// the pairs of one list row within the cutoff between atoms of the model's elements, in
-// the list's order: visit(i, j, dx, dy, dz) for each, with (dx, dy, dz) = x_j - x_i
-template <class Ilist, class Numneigh, class Neighbors, class Positions, class Species>
-struct RowPairs {
-  Ilist ilist;
+// whether the jj-th neighbor of list row i is one of the step's pairs (both atoms of the
+// model's elements, closer than the cutoff): then its row j and d = x_j - x_i
+template <class Numneigh, class Neighbors, class Positions, class Species> struct RowPairs {
   Numneigh numneigh;
   Neighbors neighbors;
   Positions pos;
   Species species;
   double cutsq;
 
-  template <class Visit> KOKKOS_INLINE_FUNCTION void operator()(const int ii, Visit &&visit) const
+  KOKKOS_INLINE_FUNCTION bool operator()(const int i, const int jj, int &j, double d[3]) const
   {
-    const int i = ilist(ii);
-    if (species(i) < 0) return;
-    const double xi = pos(i, 0), yi = pos(i, 1), zi = pos(i, 2);
-    const int jnum = numneigh(i);
-    for (int jj = 0; jj < jnum; jj++) {
-      const int j = neighbors(i, jj) & NEIGHMASK;
-      if (species(j) < 0) continue;
-      const double dx = pos(j, 0) - xi, dy = pos(j, 1) - yi, dz = pos(j, 2) - zi;
-      if (dx * dx + dy * dy + dz * dz < cutsq) visit(i, j, dx, dy, dz);
-    }
+    j = neighbors(i, jj) & NEIGHMASK;
+    if (species(j) < 0) return false;
+    d[0] = pos(j, 0) - pos(i, 0);
+    d[1] = pos(j, 1) - pos(i, 1);
+    d[2] = pos(j, 2) - pos(i, 2);
+    return d[0] * d[0] + d[1] * d[1] + d[2] * d[2] < cutsq;
   }
 };
 
@@ -282,7 +276,11 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
    the list's order, with rij = x_j - x_i as pair_style nvalchemi computes it
    on the host; and the model's element of every atom (-1 for NULL). Counted,
    scanned, then filled: one count read back, the arrays grown (never shrunk)
-   only when a step has more pairs than any before.
+   only when a step has more pairs than any before. One team per list row
+   goes through its neighbors (a warp on a GPU: a row has ~100-200 within
+   cutoff plus skin, and a thread per row would leave most of the GPU idle
+   below ~10^5 atoms while walking them one by one), counting them, then
+   placing each pair by its rank within the row (a scan over the team).
 ------------------------------------------------------------------------- */
 
 template <class DeviceType>
@@ -291,10 +289,8 @@ int64_t PairNvalchemiKokkos<DeviceType>::build_pairs(int nreceivers, int ntotal)
   auto *k_list = static_cast<NeighListKokkos<DeviceType> *>(list);
   auto ilist = k_list->d_ilist;
   auto numneigh = k_list->d_numneigh;
-  auto neighbors = k_list->d_neighbors;
   auto type = atomKK->k_type.view<DeviceType>();
   auto map = k_map.template view<DeviceType>();
-  auto pos = x;
   const double cutsq = session->cutoff() * session->cutoff();
 
   if ((int) d_species.extent(0) < ntotal) {
@@ -313,14 +309,26 @@ int64_t PairNvalchemiKokkos<DeviceType>::build_pairs(int nreceivers, int ntotal)
       Kokkos::RangePolicy<DeviceType>(0, ntotal),
       KOKKOS_LAMBDA(const int i) { species(i) = map(type(i)); });
 
-  const RowPairs<decltype(ilist), decltype(numneigh), decltype(neighbors), decltype(pos),
-                 t_index>
-      each_pair{ilist, numneigh, neighbors, pos, species, cutsq};
+  const RowPairs<decltype(numneigh), decltype(k_list->d_neighbors), decltype(x), t_index>
+      is_pair{numneigh, k_list->d_neighbors, x, species, cutsq};
+  using team_policy = Kokkos::TeamPolicy<DeviceType>;
+  using member = typename team_policy::member_type;
+  const int team_size = execution_space == HostKK ? 1 : 32;
   Kokkos::parallel_for(
-      Kokkos::RangePolicy<DeviceType>(0, nreceivers), KOKKOS_LAMBDA(const int ii) {
+      team_policy(nreceivers, team_size), KOKKOS_LAMBDA(const member &team) {
+        const int ii = team.league_rank();
+        const int i = ilist(ii);
         int64_t n = 0;
-        each_pair(ii, [&](int, int, double, double, double) { n++; });
-        counts(ii) = n;
+        if (species(i) >= 0)
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(team, numneigh(i)),
+              [&](const int jj, int64_t &sum) {
+                int j;
+                double d[3];
+                if (is_pair(i, jj, j, d)) sum++;
+              },
+              n);
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { counts(ii) = n; });
       });
   int64_t npairs = 0;
   Kokkos::parallel_scan(
@@ -348,16 +356,26 @@ int64_t PairNvalchemiKokkos<DeviceType>::build_pairs(int nreceivers, int ntotal)
   auto pair_j = d_pair_j;
   auto rij = d_rij;
   Kokkos::parallel_for(
-      Kokkos::RangePolicy<DeviceType>(0, nreceivers), KOKKOS_LAMBDA(const int ii) {
-        int64_t k = counts(ii);
-        each_pair(ii, [&](int i, int j, double dx, double dy, double dz) {
-          pair_i(k) = i;
-          pair_j(k) = j;
-          rij(k, 0) = dx;
-          rij(k, 1) = dy;
-          rij(k, 2) = dz;
-          k++;
-        });
+      team_policy(nreceivers, team_size), KOKKOS_LAMBDA(const member &team) {
+        const int ii = team.league_rank();
+        const int i = ilist(ii);
+        if (species(i) < 0) return;    // the whole team: no pairs
+        const int64_t first = counts(ii);
+        Kokkos::parallel_scan(Kokkos::TeamThreadRange(team, numneigh(i)),
+                              [&](const int jj, int64_t &rank, const bool final) {
+                                int j;
+                                double d[3];
+                                if (!is_pair(i, jj, j, d)) return;
+                                if (final) {
+                                  const int64_t k = first + rank;
+                                  pair_i(k) = i;
+                                  pair_j(k) = j;
+                                  rij(k, 0) = d[0];
+                                  rij(k, 1) = d[1];
+                                  rij(k, 2) = d[2];
+                                }
+                                rank++;
+                              });
       });
   return npairs;
 }
