@@ -36,7 +36,6 @@ potential on them again: everything but the graphs themselves.
 from __future__ import annotations
 
 import dataclasses
-import math
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -44,7 +43,7 @@ from typing import Any
 import torch
 
 from ..contract import AdjointComm, LocalGraph, Potential
-from ._evaluation import Evaluation, check_energies, virial_voigt
+from ._evaluation import Evaluation, Readback, check_energies, virial_voigt
 from ._padding import Capacities, PaddedGraph, PaddedPotential
 
 #: warm-up runs before a capture: lazy initialization (cuBLAS handles, kernel autotuning,
@@ -303,13 +302,19 @@ class CapturedPotential(PaddedPotential):
                 self._run_eagerly(reason)
         return self.inner(graph)
 
-    def evaluation(self, graph: LocalGraph, checked: list[torch.Tensor]) -> Evaluation | None:
+    def evaluation(
+        self,
+        graph: LocalGraph,
+        checked: list[torch.Tensor],
+        readback: Callable[[torch.Tensor], Readback],
+    ) -> Evaluation | None:
         """:func:`~._evaluate.evaluate`'s work for ``graph`` as one replay: ``graph`` on the
         potential's device in float64 as the front door gave it, its inputs for the
         potential (positions, cell, charges only where it needs them); ``checked``: tensors
-        whose finiteness counts too, summed and read back with the energy. The tensors of
-        the evaluation are views of the static buffers, valid until the next one. ``None``
-        where the potential runs eagerly after all (:attr:`eager_reason`)."""
+        whose finiteness counts too, summed and read back with the energy (``readback``
+        of the sums). The tensors of the evaluation are views of the static buffers, valid
+        until the next one. ``None`` where the potential runs eagerly after all
+        (:attr:`eager_reason`)."""
         try:
             owners = self._ready(graph, step=True)
         except NotCapturable as reason:
@@ -324,19 +329,16 @@ class CapturedPotential(PaddedPotential):
         if checked:  # their sums in the one read
             extra = [t.sum().view(1).to(sums.device, sums.dtype) for t in checked]
             sums = torch.cat((sums, *extra))
-        energy, *rest = sums.tolist()
-        finite = all(map(math.isfinite, [energy, *rest]))
         atom_forces = virial = None
         if padded.positions is not None:
             atom_forces = -padded.unpadded(step.grads[1])
             virial = step.virial
         return Evaluation(
-            energy,
+            readback(sums),
             atom_energies=step.energies[: graph.nlocal],
             pair_forces=step.grads[0][: graph.npairs],
             atom_forces=atom_forces,
             virial=virial,
-            finite=finite,
         )
 
     def _run_eagerly(self, reason: NotCapturable) -> None:

@@ -9,7 +9,7 @@ import torch
 
 from ..contract import LocalGraph, NoOpComm, Potential
 from ._captured import CapturedPotential
-from ._evaluation import Evaluation, check_energies, virial_voigt
+from ._evaluation import Evaluation, Readback, check_energies, virial_voigt
 from ._padding import Seen, seen, unchanged
 
 #: TorchScript's optimizing executor on for a potential's scripted modules: see
@@ -35,14 +35,11 @@ def optimize_torchscript(on: bool) -> None:
     _torchscript_optimized = bool(on)
 
 
-def _energy_and_finite(owned: torch.Tensor, grads: list[torch.Tensor]) -> tuple[float, bool]:
-    """The energy and whether it and every gradient are finite, in the one host sync the
-    energy needs anyway: a sum is finite iff all its terms are (short of overflowing past
-    1e308, which no force of a working model reaches), so one reduction per gradient on
-    its device, read back with the energy."""
-    sums = torch.stack([owned.sum(), *(g.sum().to(owned.device, owned.dtype) for g in grads)])
-    energy, *rest = sums.tolist()
-    return energy, all(map(math.isfinite, [energy, *rest]))
+def _sums(owned: torch.Tensor, grads: list[torch.Tensor]) -> torch.Tensor:
+    """The energy and one sum per gradient, on the energies' device: read back together
+    (:class:`~._evaluation.Readback`), they say whether every value is finite in the one
+    host sync the energy needs anyway."""
+    return torch.stack([owned.sum(), *(g.sum().to(owned.device, owned.dtype) for g in grads)])
 
 
 def _check_pair_vectors(graph: LocalGraph) -> None:
@@ -66,12 +63,10 @@ def _finite_inputs(graph: LocalGraph) -> bool:
     return bool(torch.isfinite(total))
 
 
-def _checked(result: Evaluation, graph: LocalGraph) -> Evaluation:
-    """``result``, whose finiteness includes that of ``graph``'s pair vectors (read back with
-    the energy, without a host sync of its own); if those are not finite, say which."""
-    if not result.finite:
-        _check_pair_vectors(graph)
-    return result
+def _readback(sums: torch.Tensor | float, graph: LocalGraph, scale: float = 1.0) -> Readback:
+    """The energy and finiteness of ``sums``, which include ``graph``'s pair vectors: if
+    those are not finite, reading them says which pair."""
+    return Readback(sums, scale, lambda: _check_pair_vectors(graph))
 
 
 def _without_ghosts(graph: LocalGraph, species: torch.Tensor, pair_j: torch.Tensor) -> dict:
@@ -194,10 +189,10 @@ def evaluate(
     spec = potential.spec
     if spec.needs_positions and not _finite_inputs(graph):
         # positions may index grids or cells: stop before the potential reads them (else the
-        # pair vectors' sum is read back with the energy, see _checked). Non-finite
+        # pair vectors' sum is read back with the energy, see _readback). Non-finite
         # positions come back as a non-finite evaluation: the front door names the atoms.
         _check_pair_vectors(graph)
-        return Evaluation(math.nan, atom_energies=None, pair_forces=None, finite=False)
+        return Evaluation(Readback(math.nan), atom_energies=None, pair_forces=None)
     device = potential_device(potential)
     system = {"positions": None, "cell": None, "pbc": None, "charges": None}
     if spec.needs_positions:
@@ -235,9 +230,9 @@ def evaluate(
     if isinstance(potential, CapturedPotential) and potential.eager_reason is None:
         # the whole evaluation as one replay (None: it runs eagerly after all)
         with torch.jit.optimized_execution(_torchscript_optimized):
-            result = potential.evaluation(graph, checked)
+            result = potential.evaluation(graph, checked, lambda sums: _readback(sums, given))
         if result is not None:
-            return _checked(result, given)
+            return result
     dtype = spec.torch_dtype
     leaf = graph.rij.requires_grad_(True)
     leaves = [leaf]
@@ -255,10 +250,16 @@ def evaluate(
         with torch.no_grad():
             terms = potential.pair_terms(graph)
         if terms is not None:
-            result = _from_pair_terms(
-                graph, leaf.detach(), *terms, pair_scalars, half_pairs, atom_energies, checked
+            return _from_pair_terms(
+                graph,
+                leaf.detach(),
+                *terms,
+                pair_scalars,
+                half_pairs,
+                atom_energies,
+                checked,
+                given,
             )
-            return _checked(result, given)
         if half_pairs:
             raise ValueError(
                 f"potential '{potential.name}' declares symmetric pair terms but gave none"
@@ -279,19 +280,15 @@ def evaluate(
                 grads = list(torch.autograd.grad(total, leaves, allow_unused=True))
     grads = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads)]
     owned = owned.detach().to(torch.float64)
-    energy, finite = _energy_and_finite(owned, [*grads, leaf.detach(), *checked])
-    result = _checked(
-        Evaluation(energy, atom_energies=owned, pair_forces=grads[0], finite=finite), given
-    )
+    readback = _readback(_sums(owned, [*grads, leaf.detach(), *checked]), given)
     if not spec.needs_positions:
-        return result
+        return Evaluation(readback, atom_energies=owned, pair_forces=grads[0])
     return Evaluation(
-        energy=result.energy,
+        readback,
         atom_energies=owned,
         pair_forces=grads[0],
         atom_forces=-grads[1],
         virial=virial_voigt(leaves[2], grads[2]),
-        finite=finite,
     )
 
 
@@ -304,6 +301,7 @@ def _from_pair_terms(
     half: bool,
     per_atom: bool,
     checked: list[torch.Tensor],
+    given: LocalGraph,
 ) -> Evaluation:
     """The evaluation of a pair potential from its closed form (``Potential.pair_terms``).
     Receivers are owned atoms (the contract), so every pair's share is owned energy; on a
@@ -326,15 +324,12 @@ def _from_pair_terms(
         rows = energies if half else energies[: graph.nlocal]
     pair_forces = None if scalars else derivative.unsqueeze(1) * rij
     summed = pair_energy if rows is None else rows
-    energy, finite = _energy_and_finite(
-        summed, [derivative if scalars else pair_forces, rij, *checked]
-    )
-    if rows is None and half:
-        energy *= 2.0  # each share stands for both atoms' (exact: a power of two)
+    sums = _sums(summed, [derivative if scalars else pair_forces, rij, *checked])
+    # each share stands for both atoms' (exact: a power of two)
+    scale = 2.0 if rows is None and half else 1.0
     return Evaluation(
-        energy,
+        _readback(sums, given, scale),
         atom_energies=rows,
         pair_forces=pair_forces,
-        finite=finite,
         pair_scalars=derivative if scalars else None,
     )

@@ -3,11 +3,47 @@ potential's forward returned."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from ..contract import Potential
+
+
+class Readback:
+    """A step's energy and whether it is finite, read from the device on first use: the
+    one host sync of a step, which a front door makes after it has queued its writes of
+    the forces (the GPU runs them meanwhile instead of waiting for the host).
+
+    :param sums: the energy, then sums whose finiteness counts too (a sum is finite iff
+        all its terms are, short of overflowing past 1e308, which no force of a working
+        model reaches); or the energy itself, a float
+    :param scale: the energy is ``scale`` times ``sums[0]`` (exact for a power of two)
+    :param on_nonfinite: called when the values are not finite, before :attr:`finite`
+        returns (it may raise, naming the cause)
+    """
+
+    def __init__(
+        self,
+        sums: torch.Tensor | float,
+        scale: float = 1.0,
+        on_nonfinite: Callable[[], None] | None = None,
+    ) -> None:
+        self._sums, self._scale, self._on_nonfinite = sums, scale, on_nonfinite
+        self._values: tuple[float, bool] | None = None
+
+    def values(self) -> tuple[float, bool]:
+        """The energy and whether every value is finite."""
+        if self._values is None:
+            sums = self._sums
+            values = sums.tolist() if isinstance(sums, torch.Tensor) else [sums]
+            finite = all(map(math.isfinite, values))
+            self._values = (values[0] * self._scale, finite)
+            if not finite and self._on_nonfinite is not None:
+                self._on_nonfinite()
+        return self._values
 
 
 @dataclass(frozen=True)
@@ -18,7 +54,8 @@ class Evaluation:
     of its static buffers, valid until its next evaluation: a front door uses them within
     the step.
 
-    :param energy: sum of ``atom_energies`` (this rank's share of the potential energy)
+    :param readback: :attr:`energy` and :attr:`finite`, read from the device when first
+        asked for (a front door asks after it has queued what it writes)
     :param atom_energies: ``(nlocal,)`` float64 energies of the owned atoms, on the
         potential's device; ``(ntotal,)`` for a half pair list (``half_pairs``): ghost rows
         hold their share of pairs counted on this rank, which the front door folds into
@@ -34,8 +71,6 @@ class Evaluation:
     :param virial: ``(6,)`` float64 ``xx yy zz xy xz yz`` of ``-h^T dE/dh`` (``h``: the
         cell, rows = lattice vectors), the virial's part that ``sum x . f`` misses, for a
         potential that ``needs_positions`` (else ``None``)
-    :param finite: the energy and every force (and the virial) are finite numbers; the
-        front doors stop the run when not
     :param pair_scalars: ``(npairs,)`` float64 ``s`` with ``fij = s * rij``, instead of
         ``pair_forces``, when the front door asked for them (``evaluate(...,
         pair_scalars=True)``) and the potential has a closed form (``pair_terms``): a
@@ -43,13 +78,23 @@ class Evaluation:
         ``(npairs, 3)`` tensor is made or copied
     """
 
-    energy: float
+    readback: Readback = field(repr=False)
     atom_energies: torch.Tensor | None
     pair_forces: torch.Tensor | None
     atom_forces: torch.Tensor | None = None
     virial: torch.Tensor | None = None
-    finite: bool = True
     pair_scalars: torch.Tensor | None = None
+
+    @property
+    def energy(self) -> float:
+        """Sum of ``atom_energies``: this rank's share of the potential energy."""
+        return self.readback.values()[0]
+
+    @property
+    def finite(self) -> bool:
+        """The energy and every force (and the virial) are finite numbers; the front doors
+        stop the run when not."""
+        return self.readback.values()[1]
 
 
 def check_energies(potential: Potential, energies: object, ntotal: int) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from ..contract import LocalGraph
-from ..engine import evaluate
+from ..engine import Evaluation, evaluate
 from ._lammps_comm import ExchangePlan, PlanComm, exchanged_into, summed_over_ranks
 from ._streams import fence
 from ._write_back import add_forces, nonfinite_report, pair_virials
@@ -244,12 +244,34 @@ def compute(session: Session, step: KokkosStepRecord) -> KokkosStepResult:
         **inputs,
     )
     result = evaluate(session.potential, graph)
+    # what goes into LAMMPS's arrays is queued before the energy is read (the step's one
+    # host sync): the GPU writes it while the host waits. A step that is not finite stops
+    # the run, and what it wrote is never used.
+    virial = None
+    if result.pair_forces is not None:  # else the positions were not finite: nothing ran
+        virial = _write_back(step, result, x, pair_i, pair_j, rij)
     if not result.finite:
         tags = _view(step.tags)[:ntotal]
         raise ValueError(
             nonfinite_report(session.model_name(), result, tags, pair_i, pair_j, rij, x)
         )
+    fence(x.device)  # LAMMPS's kernels read the forces next
+    return KokkosStepResult(
+        result.energy, None if virial is None else tuple(float(v) for v in virial.cpu())
+    )
 
+
+def _write_back(
+    step: KokkosStepRecord,
+    result: Evaluation,
+    x: torch.Tensor,
+    pair_i: torch.Tensor,
+    pair_j: torch.Tensor,
+    rij: torch.Tensor,
+) -> torch.Tensor | None:
+    """``result``'s forces (per-atom energies and virials, when LAMMPS asks) added into
+    LAMMPS's arrays; the global virial to add (``xx yy zz xy xz yz``) or ``None``."""
+    nlocal, ntotal = step.nlocal, step.ntotal
     add_forces(_view(step.forces)[:ntotal], pair_i, pair_j, result)
     atom_energies = _view(step.atom_energies)
     if atom_energies is not None:
@@ -267,10 +289,7 @@ def compute(session: Session, step: KokkosStepRecord) -> KokkosStepResult:
     if result.virial is not None:  # what f.r of the non-pairwise forces misses
         extra = result.virial.to(x.device, torch.float64)
         virial = extra if virial is None else virial + extra
-    fence(x.device)  # LAMMPS's kernels read the forces next
-    return KokkosStepResult(
-        result.energy, None if virial is None else tuple(float(v) for v in virial.cpu())
-    )
+    return virial
 
 
 def _plan(step: KokkosStepRecord) -> ExchangePlan | None:
