@@ -269,22 +269,25 @@ def _read(data: Any, fallback: torch.device, comm: Comm) -> LocalGraph:
 def _write(data: Any, result: Evaluation, kokkos: bool) -> torch.Tensor | None:
     """Energy, per-atom energies and ``fij = +dE/drij`` back to LAMMPS, which applies
     ``f[i] += fij``, ``f[j] -= fij`` and tallies the virial (update_pair_forces in
-    mliap_unified.cpp). Returns what Kokkos may still be reading when the call returns."""
-    data.energy = result.energy  # LAMMPS never resets it: set every call, 0 on an empty rank
+    mliap_unified.cpp). Returns what Kokkos may still be reading when the call returns. The
+    energy is read last (the step's one host sync): on a GPU the rest is queued by then."""
     energies = result.atom_energies[: int(data.nlistatoms)]  # e_tally reads it in list order
     fij = result.pair_forces.detach().to(torch.float64).contiguous()
+    in_flight = None
     if kokkos:  # eatoms is a getter over LAMMPS's memory; forces go by raw pointer
         if energies.numel():
             torch.as_tensor(data.eatoms).copy_(energies)
         fence(fij.device)
         if fij.shape[0]:
             data.update_pair_forces_gpu(fij)
-        return fij
-    if energies.numel():
-        data.eatoms = energies.cpu().numpy()  # write-only setter, copies
-    if fij.shape[0]:
-        data.update_pair_forces(fij.cpu().numpy())  # needs C-contiguous float64
-    return None
+        in_flight = fij
+    else:
+        if energies.numel():
+            data.eatoms = energies.cpu().numpy()  # write-only setter, copies
+        if fij.shape[0]:
+            data.update_pair_forces(fij.cpu().numpy())  # needs C-contiguous float64
+    data.energy = result.energy  # LAMMPS never resets it: set every call, 0 on an empty rank
+    return in_flight
 
 
 class MLIAPModel(MLIAPUnified):
@@ -374,9 +377,11 @@ class MLIAPModel(MLIAPUnified):
             self._runner = self._compiled_or_eager()
         with torch.enable_grad():
             result = evaluate(self._runner, graph)
+        # queued before the energy is read; a step that is not finite stops the run, and
+        # what it wrote is never used
+        self._in_flight = _write(data, result, kokkos=hasattr(data, "update_pair_forces_gpu"))
         if not result.finite:  # read with the energy: no extra host sync
             raise FloatingPointError(self._non_finite(result, graph))
-        self._in_flight = _write(data, result, kokkos=hasattr(data, "update_pair_forces_gpu"))
         if self._evaluations == 1 and _mpi.rank() == 0:  # decided at the first call
             eager = self.session.eager_after_all()
             if eager:
