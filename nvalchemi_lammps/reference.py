@@ -230,6 +230,7 @@ def evaluate_reference(
         **system,
     )
     result = evaluate(potential, graph)
+    _ = result.finite  # a non-finite pair vector is named here, not summed on
     fij = result.pair_forces.detach().cpu().numpy().astype(np.float64, copy=False)
     atom_energies = result.atom_energies.detach().cpu().numpy().astype(np.float64, copy=False)
 
