@@ -8,6 +8,7 @@
 #   benchmarks/kokkos_offline.sh stage DIR [PYTHON_VERSION]      # here: default 3.12
 #   benchmarks/kokkos_offline.sh build DIR PREFIX [ARCH] [SECONDS] # there: default HOPPER90
 #   benchmarks/kokkos_offline.sh pack DIR PREFIX                  # there, after build
+#   benchmarks/kokkos_offline.sh plugin PREFIX SRC OUT            # there, after build
 #
 # stage  DIR/wheels: mace-torch, cuequivariance(-torch) and their pure-Python needs, for the
 #        GPU machine's Python (torch, numpy, scipy, sympy, networkx, tqdm, opt-einsum(-fx),
@@ -28,10 +29,15 @@
 # pack   PREFIX's LAMMPS (install/, python/) and what it was built for, as
 #        DIR/lammps-built.tar.xz.part-* (15 MiB each: a device call's files come back in
 #        16 MiB pieces); put them into the staged DIR and the next `build` takes 1 minute.
+# plugin the nvalchemi/kk plugin of another source tree SRC (another revision: git archive
+#        REV CMakeLists.txt cpp_bridge nvalchemi_lammps pyproject.toml | tar -x -C SRC)
+#        against PREFIX's LAMMPS, with PREFIX's settings, into OUT (its install/ and python/
+#        are PREFIX's): `bench --lammps OUT` with PYTHONPATH=PREFIX/site:SRC runs that
+#        revision, to compare a change of cpp_bridge/ on the same machine.
 set -euo pipefail
 
 root=$(dirname "$(dirname "$(realpath "$0")")")
-[ $# -ge 2 ] || { sed -n '2,29p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,36p' "$0"; exit 2; }
 dir=$(realpath -m "$2")
 
 stage() {
@@ -175,9 +181,27 @@ pack() {
   ls -l "$dir"/lammps-built.tar.xz.part-*
 }
 
+plugin() {
+  local prefix=$dir src out
+  src=$(realpath "$1")
+  out=$(realpath -m "$2")
+  local cache=$prefix/plugin-build/CMakeCache.txt
+  [ -f "$cache" ] || { echo "no plugin built in $prefix: run build first"; exit 1; }
+  mkdir -p "$out"
+  ln -sfn "$prefix/install" "$out/install"
+  ln -sfn "$prefix/python" "$out/python"
+  # the compiler, Python, LAMMPS and Kokkos of PREFIX's plugin build
+  local options
+  mapfile -t options < <(grep -E '^(CMAKE_CXX_COMPILER|CMAKE_BUILD_TYPE|Python3_EXECUTABLE|LAMMPS_DIR|NVALCHEMI_[A-Z_]+):' "$cache" | sed -E 's/^([^:]*):[A-Z]*=(.*)$/-D\1=\2/')
+  cmake -S "$src" -B "$out/plugin-build" "${options[@]}" > "$out/plugin-configure.log"
+  cmake --build "$out/plugin-build"
+  echo "the plugin of $src in $out"
+}
+
 case ${1:-} in
   stage) stage "${@:3}" ;;
   build) build "${@:3}" ;;
   pack) pack "${@:3}" ;;
-  *) sed -n '2,29p' "$0"; exit 2 ;;
+  plugin) plugin "${@:3}" ;;
+  *) sed -n '2,36p' "$0"; exit 2 ;;
 esac
