@@ -95,8 +95,7 @@ DeviceArray describe(const View &view, int64_t rows = -1)
 
 // whether the jj-th neighbor of list row i is one of the step's pairs (both atoms of the
 // model's elements, closer than the cutoff): then its row j and d = x_j - x_i
-template <class Numneigh, class Neighbors, class Positions, class Species> struct RowPairs {
-  Numneigh numneigh;
+template <class Neighbors, class Positions, class Species> struct IsPair {
   Neighbors neighbors;
   Positions pos;
   Species species;
@@ -309,8 +308,8 @@ int64_t PairNvalchemiKokkos<DeviceType>::build_pairs(int nreceivers, int ntotal)
       Kokkos::RangePolicy<DeviceType>(0, ntotal),
       KOKKOS_LAMBDA(const int i) { species(i) = map(type(i)); });
 
-  const RowPairs<decltype(numneigh), decltype(k_list->d_neighbors), decltype(x), t_index>
-      is_pair{numneigh, k_list->d_neighbors, x, species, cutsq};
+  const IsPair<decltype(k_list->d_neighbors), decltype(x), t_index> is_pair{
+      k_list->d_neighbors, x, species, cutsq};
   using team_policy = Kokkos::TeamPolicy<DeviceType>;
   using member = typename team_policy::member_type;
   const int team_size = execution_space == HostKK ? 1 : 32;
