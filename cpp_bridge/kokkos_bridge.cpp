@@ -237,6 +237,9 @@ void NvalchemiLammps::compute_on_device(PythonSession &session, const DeviceStep
   put("atom_energies", capsule(step.atom_energies));
   put("atom_virials", capsule(step.atom_virials));
   put("pair_virial", PyBool_FromLong(step.pair_virial));
+  put("global_virial", PyBool_FromLong(step.global_virial));
+  put("read_later", PyBool_FromLong(step.read_later));
+  put("timestep", PyLong_FromLongLong(step.timestep));
   put("charges", capsule(step.charges));
   put("cell", Py_BuildValue("(ddddddddd)", step.cell[0], step.cell[1], step.cell[2], step.cell[3],
                             step.cell[4], step.cell[5], step.cell[6], step.cell[7], step.cell[8]));

@@ -57,6 +57,11 @@ struct DeviceStep {
   DeviceArray atom_energies;    // (nlocal,), added to; not given without eflag_atom
   DeviceArray atom_virials;     // (ntotal, 6), added to; not given without vflag_atom
   bool pair_virial;             // the pairs' global virial wanted back (no f.r)
+  bool global_virial;           // any global virial wanted (f.r, or the pairs')
+  // LAMMPS reads nothing of this step on the host (no energy, virial, output, last step):
+  // the model's energy and finiteness may then be read at the next step
+  bool read_later;
+  int64_t timestep;
   // what a model that needs positions reads besides the pairs
   DeviceArray charges;    // (ntotal,), or not given
   double cell[9];         // lattice vectors as rows

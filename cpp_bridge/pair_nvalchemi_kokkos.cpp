@@ -42,6 +42,7 @@
 #include "neigh_list_kokkos.h"
 #include "neigh_request.h"
 #include "neighbor.h"
+#include "output.h"
 #include "update.h"
 #include "utils.h"
 
@@ -215,6 +216,14 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
   if (eflag_atom) step.atom_energies = describe<DeviceType>(k_eatom.template view<DeviceType>(), nlocal);
   if (vflag_atom) step.atom_virials = describe<DeviceType>(k_vatom.template view<DeviceType>(), ntotal);
   step.pair_virial = vflag_global && !vflag_fdotr;
+  step.global_virial = vflag_global || vflag_fdotr;    // ev_setup clears one for the other
+  // a step of dynamics whose energy, virial and output nobody reads on the host (thermo,
+  // dumps and restarts are outputs, the run's last step is one): the model's finiteness
+  // is read at the next step, when the GPU has long finished this one, instead of
+  // keeping the host waiting now (a step that is not finite still writes nothing)
+  step.read_later = update->whichflag == 1 && !eflag_either && !vflag_either && !vflag_fdotr &&
+      update->ntimestep < output->next && update->ntimestep < update->laststep;
+  step.timestep = update->ntimestep;
   step.one_rank = comm->nprocs == 1;
   if (uses_plan()) {
     // ghosts change only at a neighbor-list build (a run's setup too), on every rank at
@@ -262,9 +271,8 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
   }
   // KOKKOS's f.r sets the virial (Pair's adds to it): then the pairs' virial when f.r is
   // not used, or the part f.r misses (non-pairwise terms)
-  const bool global_virial = vflag_global || vflag_fdotr;    // ev_setup clears one for the other
   if (vflag_fdotr) pair_virial_fdotr_compute(this);
-  if (global_virial)
+  if (step.global_virial)
     for (int k = 0; k < 6; k++) virial[k] += result.virial[k];
 }
 

@@ -63,7 +63,7 @@ def _rank_arrays(system, cutoff: float):
     return graph, positions
 
 
-def _step(graph, positions, collectives, cell, owners=None):
+def _step(graph, positions, collectives, cell, owners=None, read_later=False, timestep=0):
     arrays = {
         "positions": torch.from_numpy(positions.copy()),
         "tags": torch.from_numpy(graph.owner.astype(np.int32) + 1),
@@ -79,7 +79,10 @@ def _step(graph, positions, collectives, cell, owners=None):
         nlocal=graph.nlocal,
         ntotal=graph.ntotal,
         **{name: to_dlpack(t) for name, t in arrays.items()},
-        pair_virial=True,
+        pair_virial=not read_later,
+        global_virial=not read_later,
+        read_later=read_later,
+        timestep=timestep,
         charges=None,
         cell=tuple(float(v) for v in cell.reshape(-1)),
         periodic=(True, True, True),
@@ -191,3 +194,33 @@ def test_atoms_on_the_same_spot_are_named(tmp_path):
     record, _arrays = _step(graph, positions, OneRank(graph.owner, graph.nlocal), system.cell)
     with pytest.raises(ValueError, match=r"atoms [12] and [12] are on the same spot \("):
         compute(session, record)
+
+
+def test_a_step_read_later_stops_the_next(tmp_path):
+    """A step LAMMPS reads nothing of (``read_later``: no energy, virial or output) is not
+    read back at once: its forces are written, and its finiteness is read when the next step
+    comes in. A finite one lets that step run; one that was not finite (an atom's NaN
+    position) stops it before anything of it is written, naming the step and the atom."""
+    system = fcc_argon_222()
+    session = Session(str(save_model(lennard_jones(system, 6.0), tmp_path / "m.pt")), 1)
+    graph, positions = _rank_arrays(system, 6.0)
+    collectives = OneRank(graph.owner, graph.nlocal)
+
+    record, arrays = _step(graph, positions, collectives, system.cell, read_later=True, timestep=4)
+    assert compute(session, record).virial is None
+    assert arrays["forces"].abs().sum() > 0
+    record, arrays = _step(graph, positions, collectives, system.cell, timestep=5)
+    assert np.isfinite(compute(session, record).energy)
+
+    positions[0] = np.nan
+    record, arrays = _step(graph, positions, collectives, system.cell, read_later=True, timestep=6)
+    compute(session, record)  # left unread: no error yet
+    record, arrays = _step(graph, positions, collectives, system.cell, timestep=7)
+    message = (
+        "returned non-finite energies or forces at step 6 (read at the next step: LAMMPS "
+        f"read nothing of step 6); atom {graph.owner[0] + 1} with a non-finite position at step 7"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        compute(session, record)
+    assert not arrays["forces"].any()
+    assert session.unread is None  # read once: the run stops there

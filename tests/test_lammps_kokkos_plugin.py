@@ -757,7 +757,9 @@ def test_non_finite_results_stop_every_rank(kokkos_lammps, lj_model, nprocs, tmp
 @pytest.mark.parametrize("nprocs", [1, 2])
 def test_non_finite_position_stops_every_rank(kokkos_lammps, lj_model, nprocs, tmp_path):
     """Atom 1 given a NaN velocity: from step 1 its position is NaN and it drops out of every
-    pair within the cutoff. Before: finite energies and exit 0."""
+    pair within the cutoff. Before: finite energies and exit 0. LAMMPS reads nothing of
+    step 1 (thermo at steps 0 and 3 only): its finiteness is read at step 2, which stops
+    there, naming step 1 and the atom."""
     positions, cell, species = ar_ne_slab(4)
     data = write_lammps_data(tmp_path / "slab.data", positions, cell, species + 1, MASSES)
     script = run0_header(str(data), f"processors 1 1 {nprocs}") + textwrap.dedent(
@@ -772,8 +774,9 @@ def test_non_finite_position_stops_every_rank(kokkos_lammps, lj_model, nprocs, t
     )
     run = kokkos_lammps.run(script, nprocs, tmp_path / "kk")
     assert run.returncode != 0, run.output[-3000:]
-    assert "Pair style nvalchemi/kk failed at step 1" in run.output, run.output[-3000:]
-    assert "atom 1 with a non-finite position" in run.output, run.output[-3000:]
+    assert "Pair style nvalchemi/kk failed at step 2" in run.output, run.output[-3000:]
+    assert "non-finite energies or forces at step 1 (read at the next step" in run.output
+    assert "atom 1 with a non-finite position at step 2" in run.output, run.output[-3000:]
 
 
 #: the plugin's checks, through nvalchemi/kk (tests/test_lammps_errors.py runs them all

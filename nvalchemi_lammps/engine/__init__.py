@@ -9,11 +9,13 @@ from ._evaluate import (
     potential_device,
     takes_half_pairs,
 )
+from ._evaluation import Readback
 
 __all__ = [
     "CapturedPotential",
     "CompiledPotential",
     "Evaluation",
+    "Readback",
     "capture_potential",
     "compile_potential",
     "evaluate",

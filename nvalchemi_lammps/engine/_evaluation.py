@@ -34,15 +34,16 @@ class Readback:
         self._sums, self._scale, self._on_nonfinite = sums, scale, on_nonfinite
         self._values: tuple[float, bool] | None = None
 
-    def values(self) -> tuple[float, bool]:
-        """The energy and whether every value is finite."""
+    def values(self, name_cause: bool = True) -> tuple[float, bool]:
+        """The energy and whether every value is finite; ``name_cause``: call
+        ``on_nonfinite`` when they are not (it reads the step's inputs: only while they
+        are still the step's)."""
         if self._values is None:
             sums = self._sums
             values = sums.tolist() if isinstance(sums, torch.Tensor) else [sums]
-            finite = all(map(math.isfinite, values))
-            self._values = (values[0] * self._scale, finite)
-            if not finite and self._on_nonfinite is not None:
-                self._on_nonfinite()
+            self._values = (values[0] * self._scale, all(map(math.isfinite, values)))
+        if not self._values[1] and name_cause and self._on_nonfinite is not None:
+            self._on_nonfinite()
         return self._values
 
 

@@ -12,7 +12,7 @@ import torch
 
 from ..engine import Evaluation
 
-__all__ = ["SHOWN", "add_forces", "nonfinite_report", "pair_virials"]
+__all__ = ["SHOWN", "add_forces", "nonfinite_positions", "nonfinite_report", "pair_virials"]
 
 #: atom IDs named in a report about non-finite values
 SHOWN = 8
@@ -75,14 +75,9 @@ def nonfinite_report(
     at = "" if step is None else f" at step {step}"
     tags = tags.long()
     if positions is not None:
-        rows = (~torch.isfinite(positions).all(dim=1)).nonzero()[:, 0]
-        if rows.numel():
-            named = _named(tags, rows)
-            atoms = "atoms" if " " in named else "atom"
-            return (
-                f"{atoms} {named} with a non-finite position{at} (NaN or infinite, as after a "
-                f"NaN velocity or force): such an atom drops out of every pair of {model}"
-            )
+        report = nonfinite_positions(model, tags, positions, at)
+        if report is not None:
+            return report
     same = (rij == 0).all(dim=1).nonzero()[:, 0]
     if same.numel():
         k = int(same[0])
@@ -108,6 +103,22 @@ def nonfinite_report(
         f" on atoms {named}"
         if named
         else " (each value is finite: their sum overflows, or the virial is not finite)"
+    )
+
+
+def nonfinite_positions(
+    model: str, tags: torch.Tensor, positions: torch.Tensor, at: str = ""
+) -> str | None:
+    """The atoms (by ID) whose position is not finite, as :func:`nonfinite_report` names
+    them (``at``: where, as " at step N"), or ``None`` when every position is finite."""
+    rows = (~torch.isfinite(positions).all(dim=1)).nonzero()[:, 0]
+    if not rows.numel():
+        return None
+    named = _named(tags.long(), rows)
+    atoms = "atoms" if " " in named else "atom"
+    return (
+        f"{atoms} {named} with a non-finite position{at} (NaN or infinite, as after a "
+        f"NaN velocity or force): such an atom drops out of every pair of {model}"
     )
 
 

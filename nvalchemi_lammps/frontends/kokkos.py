@@ -37,7 +37,7 @@ from ..contract import LocalGraph
 from ..engine import Evaluation, evaluate
 from ._lammps_comm import ExchangePlan, PlanComm, exchanged_into, summed_over_ranks
 from ._streams import fence
-from ._write_back import add_forces, nonfinite_report, pair_virials
+from ._write_back import add_forces, nonfinite_positions, nonfinite_report, pair_virials
 from .session import Session
 
 __all__ = [
@@ -67,6 +67,11 @@ class KokkosStepRecord:
     :param atom_energies: ``(nlocal,)``, added to in place (per-atom energies wanted)
     :param atom_virials: ``(ntotal, 6)``, added to in place (per-atom virials wanted)
     :param pair_virial: the pairs' global virial wanted back (LAMMPS does not use f.r)
+    :param global_virial: any global virial wanted (f.r, or the pairs')
+    :param read_later: LAMMPS reads nothing of this step on the host (no energy, virial,
+        output, not the run's last step): its energy and finiteness are read at the next
+        step (:func:`compute`)
+    :param timestep: LAMMPS's step
     :param charges: ``(ntotal,)`` per-atom charges, for a model that needs positions
     :param cell: lattice vectors as rows, 9 values
     :param periodic: periodicity of each lattice direction
@@ -93,6 +98,9 @@ class KokkosStepRecord:
     atom_energies: Any
     atom_virials: Any
     pair_virial: bool
+    global_virial: bool
+    read_later: bool
+    timestep: int
     charges: Any
     cell: tuple[float, ...]
     periodic: tuple[bool, bool, bool]
@@ -205,12 +213,20 @@ class KokkosComm(PlanComm):
 
 
 def compute(session: Session, step: KokkosStepRecord) -> KokkosStepResult:
-    """One step on one rank: LAMMPS's arrays in, forces (energies, virials) added in place."""
+    """One step on one rank: LAMMPS's arrays in, forces (energies, virials) added in place.
+
+    The step's one host sync reads its energy and finiteness, after its writes are queued.
+    On a step LAMMPS reads nothing of (``read_later``) that read waits for the next step's
+    call, by which time LAMMPS's own syncs have seen the GPU finish: the host goes on
+    launching LAMMPS's work (integration, communication) while the model runs. A step that
+    was not finite then stops the run at the next one, before anything of it was output
+    (every output step is read at once)."""
     nlocal, ntotal = step.nlocal, step.ntotal
     x = _view(step.positions)
     check_device(x.device, session.device)
     fence(x.device)  # torch reads what LAMMPS's kernels wrote
     x = x[:ntotal].to(torch.float64)
+    _read_unread(session, step, x)
     species, pair_i, pair_j, rij = (
         _view(a) for a in (step.species, step.pair_i, step.pair_j, step.rij)
     )
@@ -250,6 +266,9 @@ def compute(session: Session, step: KokkosStepRecord) -> KokkosStepResult:
     virial = None
     if result.pair_forces is not None:  # else the positions were not finite: nothing ran
         virial = _write_back(step, result, x, pair_i, pair_j, rij)
+        if step.read_later:
+            session.unread = (result.readback, step.timestep)
+            return KokkosStepResult(0.0, None)  # LAMMPS takes neither
     if not result.finite:
         tags = _view(step.tags)[:ntotal]
         raise ValueError(
@@ -286,10 +305,31 @@ def _write_back(
             atom_virials[:ntotal].index_add_(0, pair_j, half)
         if step.pair_virial:
             virial = per_pair.sum(dim=0)
-    if result.virial is not None:  # what f.r of the non-pairwise forces misses
+    if (
+        step.global_virial and result.virial is not None
+    ):  # what f.r of the non-pairwise forces misses
         extra = result.virial.to(x.device, torch.float64)
         virial = extra if virial is None else virial + extra
     return virial
+
+
+def _read_unread(session: Session, step: KokkosStepRecord, x: torch.Tensor) -> None:
+    """Read the finiteness of the step left unread (``read_later``), if any: one that was
+    not finite stops the run now, naming the atoms whose positions are not finite (NaN
+    forces make NaN positions), which is all its integration left to see."""
+    if session.unread is None:
+        return
+    (readback, timestep), session.unread = session.unread, None
+    if readback.values(name_cause=False)[1]:
+        return
+    model = session.model_name()
+    now = nonfinite_positions(
+        model, _view(step.tags)[: step.ntotal], x, f" at step {step.timestep}"
+    )
+    raise ValueError(
+        f"{model} returned non-finite energies or forces at step {timestep} (read at the "
+        f"next step: LAMMPS read nothing of step {timestep})" + ("" if now is None else f"; {now}")
+    )
 
 
 def _plan(step: KokkosStepRecord) -> ExchangePlan | None:

@@ -31,6 +31,7 @@ from ..contract import REPORT_ENV, Potential, resolve_strategy
 from ..engine import (
     CapturedPotential,
     CompiledPotential,
+    Readback,
     capture_potential,
     compile_potential,
     potential_device,
@@ -92,6 +93,9 @@ class Session:
         # neighbor-list builds and sends positions only
         self.on_device = self.device.type != "cpu"
         self.stage = Staging(self.device)
+        #: a step of ``nvalchemi/kk`` whose energy and finiteness were left for the next
+        #: step to read (LAMMPS read nothing of it): its readback and LAMMPS's step
+        self.unread: tuple[Readback, int] | None = None
         #: Seconds per phase of a step (``topology``, ``positions``, ``filter``, ``model``,
         #: ``forces``; CUDA-synchronized at each mark) and inside collectives
         #: (``collectives``, part of ``model``), added up while a benchmark sets a dict here:
