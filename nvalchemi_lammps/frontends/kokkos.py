@@ -268,6 +268,7 @@ def compute(session: Session, step: KokkosStepRecord) -> KokkosStepResult:
         virial = _write_back(step, result, x, pair_i, pair_j, rij)
         if step.read_later:
             session.unread = (result.readback, step.timestep)
+            fence(x.device)  # LAMMPS's kernels read the forces next
             return KokkosStepResult(0.0, None)  # LAMMPS takes neither
     if not result.finite:
         tags = _view(step.tags)[:ntotal]
