@@ -240,6 +240,7 @@ void NvalchemiLammps::compute_on_device(PythonSession &session, const DeviceStep
   put("global_virial", PyBool_FromLong(step.global_virial));
   put("read_later", PyBool_FromLong(step.read_later));
   put("timestep", PyLong_FromLongLong(step.timestep));
+  put("sink", PyLong_FromLongLong(step.sink));
   put("charges", capsule(step.charges));
   put("cell", Py_BuildValue("(ddddddddd)", step.cell[0], step.cell[1], step.cell[2], step.cell[3],
                             step.cell[4], step.cell[5], step.cell[6], step.cell[7], step.cell[8]));
@@ -264,8 +265,26 @@ void NvalchemiLammps::compute_on_device(PythonSession &session, const DeviceStep
   if (!out) raise_pending_python_error("");
   PyRef energy(PyObject_GetAttrString(out.get(), "energy"));
   PyRef virial(PyObject_GetAttrString(out.get(), "virial"));
-  if (!energy || !virial)
-    raise_pending_python_error("compute must return a KokkosStepResult (energy, virial): ");
+  PyRef sink(PyObject_GetAttrString(out.get(), "sink"));
+  if (!energy || !virial || !sink)
+    raise_pending_python_error("compute must return a KokkosStepResult (energy, virial, sink): ");
+  result.sink.generation = -1;
+  if (sink.get() != Py_None) {
+    unsigned long long pair_i, pair_j, rij, species;
+    long long capacity, generation;
+    int nlocal;
+    if (!PyArg_ParseTuple(sink.get(), "KKKKLiL", &pair_i, &pair_j, &rij, &species, &capacity,
+                          &nlocal, &generation))
+      raise_pending_python_error("compute's sink: ");
+    auto address = [](unsigned long long a) { return reinterpret_cast<void *>(static_cast<uintptr_t>(a)); };
+    result.sink.pair_i = address(pair_i);
+    result.sink.pair_j = address(pair_j);
+    result.sink.rij = address(rij);
+    result.sink.species = address(species);
+    result.sink.capacity = capacity;
+    result.sink.nlocal = nlocal;
+    result.sink.generation = generation;
+  }
   result.energy = PyFloat_AsDouble(energy.get());
   if (PyErr_Occurred()) raise_pending_python_error("");
   for (int k = 0; k < 6; k++) result.virial[k] = 0.0;

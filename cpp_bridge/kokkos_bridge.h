@@ -62,6 +62,9 @@ struct DeviceStep {
   // the model's energy and finiteness may then be read at the next step
   bool read_later;
   int64_t timestep;
+  // the generation of the model's buffers (DeviceResult::sink) that this step's pairs
+  // were also written into, each neighbor as its owned row; -1: not written there
+  int64_t sink;
   // what a model that needs positions reads besides the pairs
   DeviceArray charges;    // (ntotal,), or not given
   double cell[9];         // lattice vectors as rows
@@ -80,6 +83,15 @@ struct DeviceStep {
 struct DeviceResult {
   double energy;       // this rank's energy
   double virial[6];    // xx yy zz xy xz yz: the pairs' (pair_virial) plus the non-pairwise part
+  // the captured model's input buffers for the next step's pairs (one rank, ghosts folded
+  // into their owners): int64 receiver and owned neighbor rows, float64 (capacity, 3)
+  // vectors, int64 elements of the nlocal owned rows; generation -1: none
+  struct {
+    void *pair_i = nullptr, *pair_j = nullptr, *rij = nullptr, *species = nullptr;
+    int64_t capacity = 0;
+    int nlocal = -1;
+    int64_t generation = -1;
+  } sink;
 };
 
 // run the potential of `session` on one rank's step; errors come as PythonError

@@ -204,8 +204,21 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
   NvalchemiLammps::DeviceStep step{};
   step.nlocal = nlocal;
   step.ntotal = ntotal;
+  if (uses_plan()) {
+    // ghosts change only at a neighbor-list build (a run's setup too), on every rank at
+    // once: making the plan is collective
+    if (neighbor->ncalls != plan_built)
+      build_plan(nlocal, ntotal);
+    else if (ntotal != plan_ntotal)
+      error->one(FLERR, "Pair style nvalchemi/kk: the ghost atoms changed without a "
+                        "neighbor-list build");
+    step.owners = describe<DeviceType>(d_owners, ntotal);
+    step.send_rows = describe<DeviceType>(d_send_rows, plan().nsend());
+    step.nrecv = plan().nrecv();
+  }
   const int nreceivers = shell ? k_list->inum + k_list->gnum : k_list->inum;
   const int64_t npairs = build_pairs(nreceivers, ntotal);
+  step.sink = sink_written;
   step.positions = describe<DeviceType>(x, ntotal);
   step.tags = describe<DeviceType>(tag, ntotal);
   step.species = describe<DeviceType>(d_species, ntotal);
@@ -225,18 +238,6 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
       update->ntimestep < output->next && update->ntimestep < update->laststep;
   step.timestep = update->ntimestep;
   step.one_rank = comm->nprocs == 1;
-  if (uses_plan()) {
-    // ghosts change only at a neighbor-list build (a run's setup too), on every rank at
-    // once: making the plan is collective
-    if (neighbor->ncalls != plan_built)
-      build_plan(nlocal, ntotal);
-    else if (ntotal != plan_ntotal)
-      error->one(FLERR, "Pair style nvalchemi/kk: the ghost atoms changed without a "
-                        "neighbor-list build");
-    step.owners = describe<DeviceType>(d_owners, ntotal);
-    step.send_rows = describe<DeviceType>(d_send_rows, plan().nsend());
-    step.nrecv = plan().nrecv();
-  }
   if (session->needs_positions()) {
     if (charged) step.charges = describe<DeviceType>(atomKK->k_q.view<DeviceType>(), ntotal);
     const double *h = domain->h;    // xprd yprd zprd yz xz xy
@@ -251,6 +252,7 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
   KokkosCollectives<DeviceType> collectives(this, atom, world);
   try {
     NvalchemiLammps::compute_on_device(*session, step, result, &collectives);
+    set_sink(result);
   } catch (std::exception &err) {
     // rank-local failure: error->one aborts every rank instead of leaving the
     // others waiting in the next collective
@@ -274,6 +276,26 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
   if (vflag_fdotr) pair_virial_fdotr_compute(this);
   if (step.global_virial)
     for (int k = 0; k < 6; k++) virial[k] += result.virial[k];
+}
+
+/* ----------------------------------------------------------------------
+   the captured model's input buffers the model handed back (or none): the
+   next step's pairs are written there too when they fit
+------------------------------------------------------------------------- */
+
+template <class DeviceType>
+void PairNvalchemiKokkos<DeviceType>::set_sink(const NvalchemiLammps::DeviceResult &result)
+{
+  const auto &given = result.sink;
+  sink = Sink();
+  if (given.generation < 0) return;
+  sink.pair_i = t_index_unmanaged(static_cast<int64_t *>(given.pair_i), given.capacity);
+  sink.pair_j = t_index_unmanaged(static_cast<int64_t *>(given.pair_j), given.capacity);
+  sink.rij = t_vectors_unmanaged(static_cast<double *>(given.rij), given.capacity);
+  sink.species = t_index_unmanaged(static_cast<int64_t *>(given.species), given.nlocal);
+  sink.capacity = given.capacity;
+  sink.nlocal = given.nlocal;
+  sink.generation = given.generation;
 }
 
 /* ----------------------------------------------------------------------
@@ -312,9 +334,16 @@ int64_t PairNvalchemiKokkos<DeviceType>::build_pairs(int nreceivers, int ntotal)
   }
   auto species = d_species;
   auto counts = d_counts;
+  // the model's own buffers (one rank, ghosts folded): the elements of the owned rows too
+  const int nlocal = atom->nlocal;
+  const bool to_sink = sink.generation >= 0 && nlocal == sink.nlocal && comm->nprocs == 1 &&
+      !shell && uses_plan() && plan_built == neighbor->ncalls;
+  auto sink_species = sink.species;
   Kokkos::parallel_for(
-      Kokkos::RangePolicy<DeviceType>(0, ntotal),
-      KOKKOS_LAMBDA(const int i) { species(i) = map(type(i)); });
+      Kokkos::RangePolicy<DeviceType>(0, ntotal), KOKKOS_LAMBDA(const int i) {
+        species(i) = map(type(i));
+        if (to_sink && i < nlocal) sink_species(i) = species(i);
+      });
 
   const IsPair<decltype(k_list->d_neighbors), decltype(x), t_index> is_pair{
       k_list->d_neighbors, x, species, cutsq};
@@ -362,6 +391,13 @@ int64_t PairNvalchemiKokkos<DeviceType>::build_pairs(int nreceivers, int ntotal)
   auto pair_i = d_pair_i;
   auto pair_j = d_pair_j;
   auto rij = d_rij;
+  // and into the model's buffers when they hold them (each neighbor as its owned row)
+  const bool into_sink = to_sink && npairs <= sink.capacity;
+  sink_written = into_sink ? sink.generation : -1;
+  auto owners = d_owners;
+  auto sink_i = sink.pair_i;
+  auto sink_j = sink.pair_j;
+  auto sink_rij = sink.rij;
   Kokkos::parallel_for(
       team_policy(nreceivers, team_size), KOKKOS_LAMBDA(const member &team) {
         const int ii = team.league_rank();
@@ -380,6 +416,13 @@ int64_t PairNvalchemiKokkos<DeviceType>::build_pairs(int nreceivers, int ntotal)
                                   rij(k, 0) = d[0];
                                   rij(k, 1) = d[1];
                                   rij(k, 2) = d[2];
+                                  if (into_sink) {
+                                    sink_i(k) = i;
+                                    sink_j(k) = owners(j);
+                                    sink_rij(k, 0) = d[0];
+                                    sink_rij(k, 1) = d[1];
+                                    sink_rij(k, 2) = d[2];
+                                  }
                                 }
                                 rank++;
                               });
@@ -497,6 +540,7 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::init_style()
   plan_exchange = mode == "gather";
   PairNvalchemi::init_style();
   plan_built = -1;
+  sink = Sink();    // pair_style may have replaced the model (and freed its buffers)
   if (comm->me == 0 && !exchange_reported && session->uses_exchange()) {
     std::string how = "through KOKKOS's pair communication";
     if (uses_plan())

@@ -23,6 +23,10 @@ PairStyle(nvalchemi/kk/host,PairNvalchemiKokkos<LMPHostType>);
 #include "pair_kokkos.h"
 #include "pair_nvalchemi.h"
 
+namespace NvalchemiLammps {
+struct DeviceResult;
+}
+
 namespace LAMMPS_NS {
 
 template <class DeviceType> class PairNvalchemiKokkos : public PairNvalchemi, public KokkosBase {
@@ -37,9 +41,11 @@ template <class DeviceType> class PairNvalchemiKokkos : public PairNvalchemi, pu
   void coeff(int, char **) override;
   void init_style() override;
 
-  // this step's pairs within the cutoff into d_pair_i, d_pair_j, d_rij; their number
+  // this step's pairs within the cutoff into d_pair_i, d_pair_j, d_rij (and the sink's
+  // buffers when they fit: their generation in sink_written, else -1); their number
   // (public: CUDA's extended lambdas need a public enclosing function)
   int64_t build_pairs(int nreceivers, int ntotal);
+  int64_t sink_written = -1;
   // the exchange plan into d_owners, d_send_rows (exchange strategy; uses_plan())
   void build_plan(int nlocal, int ntotal);
   bool uses_plan() const;
@@ -68,6 +74,22 @@ template <class DeviceType> class PairNvalchemiKokkos : public PairNvalchemi, pu
   t_index d_pair_i, d_pair_j;
   t_vectors d_rij;
   t_index d_owners, d_send_rows;  // build_plan(), kept until the next neighbor-list build
+  // the captured model's own input buffers (one rank, ghosts folded into their owners),
+  // which the model hands back after each step: build_pairs writes the step's pairs there
+  // too, each neighbor as its owned row, when they fit (generation -1: none)
+  typedef Kokkos::View<int64_t *, DeviceType, Kokkos::MemoryTraits<Kokkos::Unmanaged>>
+      t_index_unmanaged;
+  typedef Kokkos::View<double *[3], Kokkos::LayoutRight, DeviceType,
+                       Kokkos::MemoryTraits<Kokkos::Unmanaged>>
+      t_vectors_unmanaged;
+  struct Sink {
+    t_index_unmanaged pair_i, pair_j, species;
+    t_vectors_unmanaged rij;
+    int64_t capacity = 0;    // pairs
+    int nlocal = -1;         // the owned rows it was laid out for
+    int64_t generation = -1;
+  } sink;
+  void set_sink(const NvalchemiLammps::DeviceResult &result);
   bigint plan_built = -1;         // neighbor->ncalls when they were built
   int plan_ntotal = -1;
   bool plan_exchange = true;      // NVALCHEMI_LAMMPS_EXCHANGE (init_style)

@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nvalchemi_lammps import MessagePassing, ModelSpec, Pipeline, Potential, evaluate
 from nvalchemi_lammps.contract import NoOpComm
-from nvalchemi_lammps.engine import CapturedPotential, capture_potential
+from nvalchemi_lammps.engine import CapturedPotential, capture_potential, pair_sink
 from nvalchemi_lammps.engine._captured import _Step
 from nvalchemi_lammps.engine._evaluate import _folded
 from nvalchemi_lammps.frontends.session import Session
@@ -415,3 +415,32 @@ def test_large_counts_get_less_headroom():
     for small in (Capacities(0.05, shrink_above=10_000), Capacities(0.05)):
         assert small.fit(graph(1_000)) and small.pairs == ceil64(1_000 * 1.05 + 1)
         assert small.fit(graph(small.pairs)) and small.pairs == ceil64(1_088 * 1.25)
+
+
+def test_pairs_written_in_place():
+    """A front door that writes a step's pairs, folded into owned rows, straight into the
+    captured buffers (``pair_sink``, as nvalchemi/kk's kernels do) gets the evaluation of its
+    own arrays, and the step copies none of them; told another generation, it evaluates its
+    own arrays as always."""
+    potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, seed=3)
+    captured = CapturedPotential(potential)
+    system = fcc_argon_222()
+    evaluate(captured, _graph(system, 5.0))
+    sink = pair_sink(captured)
+    assert sink is not None and sink.capacity >= 1
+    moved = np.random.default_rng(5).normal(scale=1e-3, size=system.positions.shape)
+    graph = _graph(dataclasses.replace(system, positions=system.positions + moved), 5.0)
+    n, nlocal = graph.npairs, graph.nlocal
+    assert sink.nlocal == nlocal and n <= sink.capacity
+    owners = graph.comm.local_owners(torch.device("cpu"))
+    with torch.no_grad():  # as the door's kernels write: outside autograd
+        sink.pair_i[:n] = graph.pair_i
+        sink.pair_j[:n] = owners[graph.pair_j]
+        sink.rij[:n] = graph.rij
+        sink.species[:nlocal] = graph.species[:nlocal]
+    versions = [t._version for t in (sink.pair_i, sink.rij, sink.species)]
+    want = evaluate(potential, graph)
+    _assert_same(evaluate(captured, graph, in_place=sink.generation), want)
+    assert [t._version for t in (sink.pair_i, sink.rij, sink.species)] == versions
+    assert pair_sink(captured) == sink and captured.captures == 1
+    _assert_same(evaluate(captured, graph, in_place=sink.generation + 1), want)

@@ -83,6 +83,7 @@ def _step(graph, positions, collectives, cell, owners=None, read_later=False, ti
         global_virial=not read_later,
         read_later=read_later,
         timestep=timestep,
+        sink=-1,
         charges=None,
         cell=tuple(float(v) for v in cell.reshape(-1)),
         periodic=(True, True, True),

@@ -118,12 +118,14 @@ MD_MODELS = {
 }
 
 #: (door, model, ranks, fcc cells per side, steps): the message-passing model's exchanges
-#: inside the captured step (one rank); a one-layer model (no exchanges) on two ranks through
-#: both doors (Lennard-Jones's closed form is never captured)
+#: inside the captured step (one rank, through both doors: nvalchemi/kk's kernels write the
+#: pairs straight into the captured buffers); a one-layer model (no exchanges) on two ranks
+#: through both doors (Lennard-Jones's closed form is never captured)
 MD_CASES = [
     ("nvalchemi", "message_passing", 1, 4, 200),
     ("nvalchemi", "one_layer", 2, 5, 200),
     ("nvalchemi/kk", "one_layer", 2, 5, 200),
+    ("nvalchemi/kk", "message_passing", 1, 4, 200),
 ]
 
 

@@ -1,11 +1,12 @@
 """The engine: the one place where a front door's arrays meet a potential."""
 
-from ._captured import SHRINK_ABOVE, CapturedPotential, capture_potential
+from ._captured import SHRINK_ABOVE, CapturedPotential, PairSink, capture_potential
 from ._compiled import CompiledPotential, compile_potential
 from ._evaluate import (
     Evaluation,
     evaluate,
     optimize_torchscript,
+    pair_sink,
     potential_device,
     takes_half_pairs,
 )
@@ -16,11 +17,13 @@ __all__ = [
     "CapturedPotential",
     "CompiledPotential",
     "Evaluation",
+    "PairSink",
     "Readback",
     "capture_potential",
     "compile_potential",
     "evaluate",
     "optimize_torchscript",
+    "pair_sink",
     "potential_device",
     "takes_half_pairs",
 ]

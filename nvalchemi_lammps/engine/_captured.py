@@ -36,6 +36,7 @@ potential on them again: everything but the graphs themselves.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -269,6 +270,33 @@ class _Replay(torch.autograd.Function):
         return (None, None, None, None, *back)
 
 
+#: numbers of captures, unique in the process: a PairSink's generation
+_GENERATIONS = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class PairSink:
+    """A captured whole evaluation's own input buffers, where its rows are the owned atoms
+    (no ghost rows: one rank, each ghost folded into its owner), for a front door's kernels
+    to write the next step's pairs into directly: receivers and neighbors as owned rows,
+    pair vectors, the owned rows' elements. Passed back to :func:`~._evaluate.evaluate`
+    as ``in_place=generation``, the step then copies none of them.
+
+    :param capacity: the most pairs the buffers take without a new capture
+    :param nlocal: the owned rows they are laid out for
+    :param generation: the capture they belong to, unique in the process (a new capture
+        frees them)
+    """
+
+    pair_i: torch.Tensor
+    pair_j: torch.Tensor
+    rij: torch.Tensor
+    species: torch.Tensor
+    capacity: int
+    nlocal: int
+    generation: int
+
+
 class CapturedPotential(PaddedPotential):
     """``potential`` (ready for it: :meth:`~Potential.prepare_capture`) captured as CUDA
     graphs, a drop-in for it in :func:`evaluate`.
@@ -298,6 +326,7 @@ class CapturedPotential(PaddedPotential):
         self._padded: PaddedGraph | None = None
         #: the pairs whose most pairs per row were counted last, and that count
         self._counted: tuple[weakref.ref, int, int] | None = None
+        self._generation = -1  # of the last capture (PairSink)
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:
         if self.eager_reason is None:
@@ -346,6 +375,29 @@ class CapturedPotential(PaddedPotential):
             pair_forces=step.grads[0][: graph.npairs],
             atom_forces=atom_forces,
             virial=virial,
+        )
+
+    def sink(self) -> PairSink | None:
+        """The buffers of the current capture of a whole evaluation without ghost rows, for
+        the next step's pairs (:class:`PairSink`); ``None`` for any other."""
+        padded = self._padded
+        if (
+            not isinstance(self._graphs, _Step)
+            or padded is None
+            or padded.counts is None
+            or padded.counts[1]  # ghost rows: the rows are not the atoms' own
+            or padded.positions is not None
+            or self.inner.pairs_by_row
+        ):
+            return None
+        return PairSink(
+            padded.pair_i,
+            padded.pair_j,
+            padded.rij,
+            padded.species,
+            padded.pairs - 1,  # one padding pair at least
+            padded.counts[0],
+            self._generation,
         )
 
     def _run_eagerly(self, reason: NotCapturable) -> None:
@@ -426,6 +478,7 @@ class CapturedPotential(PaddedPotential):
             raise NotCapturable(f"its capture failed: {failed}") from failed
         self._graphs, self._padded = graphs, padded
         self.captures += 1
+        self._generation = next(_GENERATIONS)
 
 
 def capture_potential(potential: Potential, headroom: float = 0.05) -> Potential:

@@ -8,7 +8,7 @@ import weakref
 import torch
 
 from ..contract import LocalGraph, NoOpComm, Potential
-from ._captured import CapturedPotential
+from ._captured import CapturedPotential, PairSink
 from ._evaluation import Evaluation, Readback, check_energies, virial_voigt
 from ._padding import Seen, seen, unchanged
 
@@ -137,6 +137,15 @@ def potential_device(potential: Potential) -> torch.device:
 _first_weight: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def pair_sink(potential: Potential) -> PairSink | None:
+    """Where a front door may write the next step's pairs, folded into owned rows, for
+    ``evaluate(..., in_place=sink.generation)``: the buffers of a captured potential whose
+    last step had no ghost rows (:class:`~._captured.PairSink`), else ``None``."""
+    if not isinstance(potential, CapturedPotential) or potential.eager_reason is not None:
+        return None
+    return potential.sink()
+
+
 def takes_half_pairs(potential: Potential) -> bool:
     """A front door may hand ``potential`` each pair once (``evaluate(..., half_pairs=
     True)``): its pair terms are symmetric and the engine uses them."""
@@ -150,6 +159,7 @@ def evaluate(
     pair_scalars: bool = False,
     half_pairs: bool = False,
     atom_energies: bool = True,
+    in_place: int | None = None,
 ) -> Evaluation:
     """Run ``potential`` on one rank's graph and differentiate its owned energy.
 
@@ -177,6 +187,11 @@ def evaluate(
 
     Without ``atom_energies`` (LAMMPS asks for them on few steps) a closed form gives the
     energy alone, without scattering the pairs' shares onto atoms.
+
+    With ``in_place`` the front door also wrote the graph's pairs, folded (each neighbor as
+    its owned row, one rank), and its owned rows' elements into a captured potential's
+    buffers (:func:`pair_sink`, the generation it gave): when they are still its buffers
+    and hold the graph, the step evaluates them without copying; else it runs as without.
     """
     if half_pairs and not takes_half_pairs(potential):
         raise ValueError(
@@ -217,7 +232,16 @@ def evaluate(
         "species": graph.species.to(device, non_blocking=True),
         "pair_j": pair_j.to(device, non_blocking=True),
     }
-    if not (spec.needs_positions or half_pairs):
+    sink = None if in_place is None else pair_sink(potential)
+    if (
+        sink is not None
+        and (sink.generation, sink.nlocal) == (in_place, nlocal)
+        and graph.npairs <= sink.capacity
+    ):
+        n = graph.npairs  # the pairs the door wrote there, as _without_ghosts folds them
+        pair_i, rij = sink.pair_i[:n], sink.rij[:n]
+        topology = {"species": sink.species[:nlocal], "pair_j": sink.pair_j[:n], "comm": NoOpComm()}
+    elif not (spec.needs_positions or half_pairs):
         topology = _without_ghosts(graph, **topology)
     graph = dataclasses.replace(
         graph,

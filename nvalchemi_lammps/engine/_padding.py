@@ -204,7 +204,8 @@ class PaddedGraph:
             row_pairs=capacities.row_pairs or None,
         )
         self.rows = torch.empty(0, **index)
-        self._counts: tuple[int, int] | None = None  # owned and ghost rows written
+        #: the owned and ghost rows written (``None``: none yet)
+        self.counts: tuple[int, int] | None = None
         self._npairs = pairs  # pairs written (beyond them: padding)
         self._spread = torch.empty(0, **index)
         self._written: dict[str, Seen | None] = {}
@@ -217,15 +218,15 @@ class PaddedGraph:
         """Hold ``fill`` in the padding rows of ``rows`` (a buffer of one value per padded
         row, which :meth:`place` writes the graph's rows into), from now on."""
         self._padding_rows.append((rows, fill))
-        if self._counts is not None:
-            self._pad_rows(rows, fill, *self._counts)
+        if self.counts is not None:
+            self._pad_rows(rows, fill, *self.counts)
 
     def load(self, graph: LocalGraph, owners: torch.Tensor | None = None) -> None:
         """``graph``'s topology (and charges) into the buffers, what changed of it only,
         and the padding where the counts changed; ``owners``: the rows each row's forward
         exchange copies, all owned (one rank)."""
         nlocal, nghost, npairs = graph.nlocal, graph.ntotal - graph.nlocal, graph.npairs
-        if (nlocal, nghost) != self._counts:
+        if (nlocal, nghost) != self.counts:
             self._place_rows(nlocal, nghost)
             self._npairs = self.pairs  # every padding pair moves with the owned count
         if npairs < self._npairs:  # pairs that are padding now
@@ -235,7 +236,7 @@ class PaddedGraph:
         if npairs != self._npairs:
             self._written.clear()
             self._npairs = npairs
-        if self._changed("species", graph.species):
+        if self._changed("species", graph.species, self.species):
             self.species.index_copy_(0, self.rows, graph.species.long())
         if self._changed("owners", owners):
             self.owners.index_copy_(0, self.rows, owners.long())  # owned rows keep their number
@@ -244,7 +245,7 @@ class PaddedGraph:
             ("pair_i", self.pair_i, graph.pair_i),
             ("pair_j", self.pair_j, graph.pair_j),
         ):
-            if self._changed(name, given):
+            if self._changed(name, given, ends):
                 torch.index_select(self.rows, 0, given, out=ends[:npairs])
         if "charges" not in self.names and self._changed("charges", graph.charges):
             self.charges.index_copy_(0, self.rows, graph.charges)
@@ -258,7 +259,8 @@ class PaddedGraph:
         the buffers."""
         for name, value in zip(self.names, values, strict=True):
             if name == "rij":
-                self.rij[: value.shape[0]].copy_(value)
+                if value.data_ptr() != self.rij.data_ptr():  # else written there in place
+                    self.rij[: value.shape[0]].copy_(value)
             elif name == "cell":
                 self.cell.copy_(value)
             else:  # per row
@@ -285,9 +287,15 @@ class PaddedGraph:
         """Per-row values of the graph into their padded rows of ``out``."""
         out.index_copy_(0, self.rows, rows)
 
-    def _changed(self, name: str, t: torch.Tensor | None) -> bool:
-        # whether t (None: nothing to write) is not the tensor written last time, unchanged
+    def _changed(
+        self, name: str, t: torch.Tensor | None, buffer: torch.Tensor | None = None
+    ) -> bool:
+        # whether t (None: nothing to write) is not the tensor written last time, unchanged,
+        # nor the buffer itself (a front door wrote it in place: PairSink)
         if t is None:
+            return False
+        if buffer is not None and t.data_ptr() == buffer.data_ptr():
+            self._written.pop(name, None)
             return False
         if unchanged(self._written.get(name), t):
             return False
@@ -305,7 +313,7 @@ class PaddedGraph:
         # padding pairs join owned padding rows to themselves, spread over them (into one
         # row, their sums would serialize on atomics)
         self._spread = nlocal + torch.arange(self.pairs, device=self.species.device) % shift
-        self._counts = (nlocal, nghost)
+        self.counts = (nlocal, nghost)
         self._written.clear()
 
     def _pad_rows(self, rows: torch.Tensor, fill: float, nlocal: int, nghost: int) -> None:

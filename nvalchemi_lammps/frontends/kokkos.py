@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from ..contract import LocalGraph
-from ..engine import Evaluation, evaluate
+from ..engine import Evaluation, evaluate, pair_sink
 from ._lammps_comm import ExchangePlan, PlanComm, exchanged_into, summed_over_ranks
 from ._streams import fence
 from ._write_back import add_forces, nonfinite_positions, nonfinite_report, pair_virials
@@ -72,6 +72,9 @@ class KokkosStepRecord:
         output, not the run's last step): its energy and finiteness are read at the next
         step (:func:`compute`)
     :param timestep: LAMMPS's step
+    :param sink: the generation of the model's buffers (:class:`KokkosStepResult`'s
+        ``sink``) the pair style also wrote this step's pairs into, folded into owned rows,
+        or -1
     :param charges: ``(ntotal,)`` per-atom charges, for a model that needs positions
     :param cell: lattice vectors as rows, 9 values
     :param periodic: periodicity of each lattice direction
@@ -101,6 +104,7 @@ class KokkosStepRecord:
     global_virial: bool
     read_later: bool
     timestep: int
+    sink: int
     charges: Any
     cell: tuple[float, ...]
     periodic: tuple[bool, bool, bool]
@@ -119,10 +123,15 @@ class KokkosStepResult:
     :param virial: ``xx yy zz xy xz yz`` to add to LAMMPS's global virial (the pairs' when
         ``pair_virial``, plus the part ``sum x . f`` misses for models that need positions),
         or ``None``
+    :param sink: where the pair style may write the next step's pairs besides its own
+        arrays (the captured model's buffers: :func:`~nvalchemi_lammps.engine.pair_sink`):
+        the addresses of ``pair_i``, ``pair_j``, ``rij`` and ``species``, the most pairs
+        they take, the owned rows they are laid out for and their generation; or ``None``
     """
 
     energy: float
     virial: tuple[float, float, float, float, float, float] | None
+    sink: tuple[int, int, int, int, int, int, int] | None = None
 
 
 def _view(capsule: Any) -> torch.Tensor | None:
@@ -259,7 +268,8 @@ def compute(session: Session, step: KokkosStepRecord) -> KokkosStepResult:
         task=session.task,
         **inputs,
     )
-    result = evaluate(session.potential, graph)
+    result = evaluate(session.potential, graph, in_place=step.sink if step.sink >= 0 else None)
+    sink = _sink(session)
     # what goes into LAMMPS's arrays is queued before the energy is read (the step's one
     # host sync): the GPU writes it while the host waits. A step that is not finite stops
     # the run, and what it wrote is never used.
@@ -269,7 +279,7 @@ def compute(session: Session, step: KokkosStepRecord) -> KokkosStepResult:
         if step.read_later:
             session.unread = (result.readback, step.timestep)
             fence(x.device)  # LAMMPS's kernels read the forces next
-            return KokkosStepResult(0.0, None)  # LAMMPS takes neither
+            return KokkosStepResult(0.0, None, sink)  # LAMMPS takes neither number
     if not result.finite:
         tags = _view(step.tags)[:ntotal]
         raise ValueError(
@@ -277,8 +287,18 @@ def compute(session: Session, step: KokkosStepRecord) -> KokkosStepResult:
         )
     fence(x.device)  # LAMMPS's kernels read the forces next
     return KokkosStepResult(
-        result.energy, None if virial is None else tuple(float(v) for v in virial.cpu())
+        result.energy, None if virial is None else tuple(float(v) for v in virial.cpu()), sink
     )
+
+
+def _sink(session: Session) -> tuple[int, int, int, int, int, int, int] | None:
+    """The captured model's buffers for the next step's pairs, as the pair style takes them
+    (:attr:`KokkosStepResult.sink`)."""
+    sink = pair_sink(session.potential)
+    if sink is None:
+        return None
+    addresses = (t.data_ptr() for t in (sink.pair_i, sink.pair_j, sink.rij, sink.species))
+    return (*addresses, sink.capacity, sink.nlocal, sink.generation)
 
 
 def _write_back(
