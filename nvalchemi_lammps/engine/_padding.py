@@ -81,14 +81,10 @@ class Capacities:
     grown the same way when :meth:`fit` is given a count above it.
 
     With ``shrink_above`` (a count), the headroom and the growth's excess over 1 of a larger
-    count shrink as ``sqrt(shrink_above / count)``, the headroom to no less than
-    :data:`LEAST_HEADROOM`, the growth's excess to no less than the full headroom: a count of
-    N rows or pairs fluctuates by ~sqrt(N) between neighbor-list builds, and padding is work a
-    large graph pays for on every step (5 % more pairs, 2.7 % more time for MACE-MP-0
-    medium's shape at 21,296 atoms on an H100); but a count that drifts (a system heating
-    or melting, a box changing) outgrows a small headroom, and each capture costs as much as
-    tens of steps (growing by 4.6 % at 2,662 atoms, a drifting benchmark run captured twice
-    in 60 steps where growing by 25 % captured none).
+    count shrink as ``sqrt(shrink_above / count)``, to no less than :data:`LEAST_HEADROOM`: a
+    count of N rows or pairs drifts by ~sqrt(N) between neighbor-list builds, and padding is
+    work a large graph pays for on every step (5 % more pairs, 2.7 % more time for MACE-MP-0
+    medium's shape at 21,296 atoms on an H100).
     """
 
     headroom: float = 0.05
@@ -103,9 +99,7 @@ class Capacities:
         h, g = self.headroom, self.growth
         if self.shrink_above and count > self.shrink_above and h > 0:
             scale = max(math.sqrt(self.shrink_above / count), LEAST_HEADROOM / h)
-            # the growth's excess: no less than the full headroom (see the class)
-            g = 1.0 + max((g - 1.0) * scale, h)
-            h *= scale
+            h, g = h * scale, 1.0 + (g - 1.0) * scale
         return _capacity(count, h, old, g)
 
     @property

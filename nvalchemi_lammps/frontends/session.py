@@ -197,8 +197,8 @@ class Session:
         eager = [t.name for t in self.potential.parts() if not isinstance(t, CapturedPotential)]
         how = "CUDA graphs" if gpu else "capture on the CPU (padded buffers, no graphs)"
         return (
-            f"{how}: {captured}, padded to capacities that grow by 25% when outgrown (above "
-            f"{SHRINK_ABOVE:,} rows or pairs: less headroom, growth down to 5%)"
+            f"{how}: {captured}, padded to capacities that grow by 25% when outgrown (less "
+            f"above {SHRINK_ABOVE:,} rows or pairs)"
         ) + (f"; eager: {', '.join(eager)}" if eager else "")
 
     def compile_status(self) -> tuple[int, int, int]:
