@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import math
 
 import numpy as np
 import pytest
@@ -389,32 +388,6 @@ def test_backward_follows_its_own_forward():
     captured(dataclasses.replace(graph, rij=rij * 1.01))
     with pytest.raises(RuntimeError, match="must follow its own forward"):
         torch.autograd.grad(first[: graph.nlocal].sum(), rij)
-
-
-def test_large_counts_get_less_headroom():
-    """Above ``shrink_above`` the headroom and the growth's excess shrink as
-    sqrt(shrink_above / count), to no less than 0.5 %: a million pairs are padded by 0.5 %
-    and grow by 2.5 %, where 1,000 pairs get the full 5 % and 25 %."""
-    from nvalchemi_lammps.contract import LocalGraph
-    from nvalchemi_lammps.engine._padding import Capacities
-
-    def graph(npairs: int) -> LocalGraph:
-        pairs = torch.zeros(npairs, dtype=torch.int64)
-        return LocalGraph(1, pairs[:1], pairs, pairs, torch.zeros(npairs, 3, dtype=torch.float64))
-
-    def ceil64(x: float) -> int:
-        return 64 * math.ceil(x / 64)
-
-    large = Capacities(0.05, shrink_above=10_000)
-    assert large.fit(graph(1_000_000)) and large.pairs == ceil64(1_000_000 * 1.005 + 1)
-    first = large.pairs
-    assert not large.fit(graph(first - 1))
-    assert large.fit(graph(first)) and large.pairs == ceil64(first * 1.025)
-    middle = Capacities(0.05, shrink_above=10_000)  # sqrt(10,000 / 40,000): half of each
-    assert middle.fit(graph(40_000)) and middle.pairs == ceil64(40_000 * 1.025 + 1)
-    for small in (Capacities(0.05, shrink_above=10_000), Capacities(0.05)):
-        assert small.fit(graph(1_000)) and small.pairs == ceil64(1_000 * 1.05 + 1)
-        assert small.fit(graph(small.pairs)) and small.pairs == ceil64(1_088 * 1.25)
 
 
 def test_pairs_written_in_place():

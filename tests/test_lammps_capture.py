@@ -56,7 +56,7 @@ CAPTURED = re.compile(
 #: capacities is the engine's to tune)
 CAPTURING = (
     r"capture on the CPU \(padded buffers, no graphs\): {name}, padded to capacities that "
-    r"grow by \d+% when outgrown \(less above [\d,]+ rows or pairs\)"
+    r"grow by \d+% when outgrown"
 )
 #: KOKKOS on, Kokkos's Serial space, for ML-IAP's KOKKOS variant
 KOKKOS = ["-k", "on", "t", "1", "-sf", "kk", "-pk", "kokkos", "newton", "on", "neigh", "half"]

@@ -1,6 +1,6 @@
 """The engine: the one place where a front door's arrays meet a potential."""
 
-from ._captured import SHRINK_ABOVE, CapturedPotential, PairSink, capture_potential
+from ._captured import CapturedPotential, PairSink, capture_potential
 from ._compiled import CompiledPotential, compile_potential
 from ._evaluate import (
     Evaluation,
@@ -13,7 +13,6 @@ from ._evaluate import (
 from ._evaluation import Readback
 
 __all__ = [
-    "SHRINK_ABOVE",
     "CapturedPotential",
     "CompiledPotential",
     "Evaluation",

@@ -47,11 +47,6 @@ from ..contract import AdjointComm, LocalGraph, Potential
 from ._evaluation import Evaluation, Readback, check_energies, virial_voigt
 from ._padding import Capacities, PaddedGraph, PaddedPotential
 
-#: rows or pairs above which a capture's headroom and growth shrink
-#: (:attr:`~._padding.Capacities.shrink_above`): large graphs are not paced by launches, and
-#: their padding is work paid for every step
-SHRINK_ABOVE = 10_000
-
 #: warm-up runs before a capture: lazy initialization (cuBLAS handles, kernel autotuning,
 #: TorchScript's profiling runs) must happen outside the graph
 WARMUP = 3
@@ -303,8 +298,7 @@ class CapturedPotential(PaddedPotential):
 
     :param potential: a potential whose :meth:`~Potential.prepare_capture` succeeds
     :param headroom: capacities are the first graph's sizes times ``1 + headroom``, and grow
-        the same way when a graph outgrows them (less above :data:`SHRINK_ABOVE` rows or
-        pairs)
+        the same way when a graph outgrows them
     """
 
     def __init__(self, potential: Potential, headroom: float = 0.05) -> None:
@@ -315,8 +309,7 @@ class CapturedPotential(PaddedPotential):
                 f"the {potential.name} model has a closed form, which runs eagerly in a few "
                 "kernels on a half neighbor list"
             )
-        capacities = Capacities(float(headroom), shrink_above=SHRINK_ABOVE)
-        super().__init__(potential.prepare_capture(), potential, capacities)
+        super().__init__(potential.prepare_capture(), potential, Capacities(float(headroom)))
         #: captures so far (one forward and one backward graph each)
         self.captures = 0
         #: why this potential runs eagerly after all (``None`` while it is captured)

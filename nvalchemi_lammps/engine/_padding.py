@@ -53,10 +53,6 @@ def unchanged(mark: Seen | None, t: torch.Tensor) -> bool:
     return mark is not None and mark[0]() is t and mark[1] == t._version
 
 
-#: the least headroom of a large count (:attr:`Capacities.shrink_above`)
-LEAST_HEADROOM = 0.005
-
-
 def _capacity(
     count: int, headroom: float, old: int = 0, growth: float = 1.0, multiple: int = 64
 ) -> int:
@@ -79,12 +75,6 @@ class Capacities:
 
     ``row_pairs``, the most pairs a row receives (0: not asked for), is a multiple of 8,
     grown the same way when :meth:`fit` is given a count above it.
-
-    With ``shrink_above`` (a count), the headroom and the growth's excess over 1 of a larger
-    count shrink as ``sqrt(shrink_above / count)``, to no less than :data:`LEAST_HEADROOM`: a
-    count of N rows or pairs drifts by ~sqrt(N) between neighbor-list builds, and padding is
-    work a large graph pays for on every step (5 % more pairs, 2.7 % more time for MACE-MP-0
-    medium's shape at 21,296 atoms on an H100).
     """
 
     headroom: float = 0.05
@@ -93,14 +83,6 @@ class Capacities:
     ghosts: int = 0
     pairs: int = 0
     row_pairs: int = 0
-    shrink_above: int = 0
-
-    def _capacity(self, count: int, old: int) -> int:
-        h, g = self.headroom, self.growth
-        if self.shrink_above and count > self.shrink_above and h > 0:
-            scale = max(math.sqrt(self.shrink_above / count), LEAST_HEADROOM / h)
-            h, g = h * scale, 1.0 + (g - 1.0) * scale
-        return _capacity(count, h, old, g)
 
     @property
     def atoms(self) -> int:
@@ -114,11 +96,11 @@ class Capacities:
         before = (self.owned, self.ghosts, self.pairs, self.row_pairs)
         h, g = self.headroom, self.growth
         if nlocal >= self.owned:
-            self.owned = self._capacity(nlocal, self.owned)
+            self.owned = _capacity(nlocal, h, self.owned, g)
         if nghost > self.ghosts:
-            self.ghosts = self._capacity(nghost, self.ghosts)
+            self.ghosts = _capacity(nghost, h, self.ghosts, g)
         if npairs >= self.pairs:
-            self.pairs = self._capacity(npairs, self.pairs)
+            self.pairs = _capacity(npairs, h, self.pairs, g)
         # asked for, it is given also to a rank without pairs (one row of padding)
         if row_pairs is not None and (row_pairs > self.row_pairs or not self.row_pairs):
             self.row_pairs = _capacity(row_pairs, h, self.row_pairs, g, multiple=8)

@@ -29,7 +29,6 @@ from .._model_file import ModelFileWarning, open_model
 from .._torch_blas import blas_library
 from ..contract import REPORT_ENV, Potential, resolve_strategy
 from ..engine import (
-    SHRINK_ABOVE,
     CapturedPotential,
     CompiledPotential,
     Readback,
@@ -196,10 +195,9 @@ class Session:
         captured = ", ".join(m.name for m in self._captured())
         eager = [t.name for t in self.potential.parts() if not isinstance(t, CapturedPotential)]
         how = "CUDA graphs" if gpu else "capture on the CPU (padded buffers, no graphs)"
-        return (
-            f"{how}: {captured}, padded to capacities that grow by 25% when outgrown (less "
-            f"above {SHRINK_ABOVE:,} rows or pairs)"
-        ) + (f"; eager: {', '.join(eager)}" if eager else "")
+        return f"{how}: {captured}, padded to capacities that grow by 25% when outgrown" + (
+            f"; eager: {', '.join(eager)}" if eager else ""
+        )
 
     def compile_status(self) -> tuple[int, int, int]:
         """Graphs compiled (``torch.compile``) or captured (CUDA graphs) so far, -1 when
