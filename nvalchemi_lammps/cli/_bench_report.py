@@ -36,6 +36,7 @@ class Row:
     force_vs_first_style: float  # the same against the first style at these ranks
     over_first: float = 1.0  # median over the rounds of ms/step over the first style's
     compiled: int | None = None  # graphs compiled during the timed steps, any rank
+    eager: str | None = None  # why captured terms run eagerly after all (rank 0's session)
     rounds_ms: list[float] | None = None  # ms/step of each round (slowest rank)
 
 
@@ -121,6 +122,7 @@ def row(
         force_vs_first_style=_relative(out["step0"][k], out["step0"][0]),
         over_first=statistics.median(s / f for s, f in zip(step_ms, first_ms, strict=True)),
         compiled=max(compiled) if compiled else None,
+        eager=next((r["eager"] for rnd in by_round for r in rnd if "eager" in r), None),
         rounds_ms=step_ms,
     )
 
@@ -129,10 +131,15 @@ def _cell(value: float | None, width: int, spec: str) -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
 
 
+def _compiled(r: Row) -> str:
+    return "eager" if r.eager else "-" if r.compiled is None else str(r.compiled)
+
+
 def format_rows(rows: list[Row]) -> list[str]:
     """The table; on a GPU, the bare model captured as CUDA graphs (``graphed``) and what a
     step costs beyond it (``step-grf``); with a compiled model, a last column of the graphs
-    compiled during the timed steps (0 when the capacities of the first steps held)."""
+    compiled during the timed steps (0 when the capacities of the first steps held), or
+    ``eager`` where the captured model runs eagerly after all (``capture auto`` timed it)."""
     compiling = any(r.compiled is not None for r in rows)
     graphed = any(r.graphed_ms is not None for r in rows)
     width = max([len("style")] + [len(r.style) for r in rows])
@@ -159,7 +166,7 @@ def format_rows(rows: list[Row]) -> list[str]:
                 if graphed
                 else ""
             )
-            + (f" {r.compiled if r.compiled is not None else '-':>8}" if compiling else "")
+            + (f" {_compiled(r):>8}" if compiling else "")
         )
     return lines
 

@@ -200,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                 compiled = session.compile_status()[0]
                 if compiled >= 0:  # graphs compiled during the timed steps
                     record["compiled"] = compiled - compiled_before
+                if why := session.eager_after_all():  # captured terms run eagerly after all
+                    record["eager"] = why
             runs.append(record)
         time_bare()
     measured = {
