@@ -210,34 +210,6 @@ def test_exchanges_between_ranks_run_eagerly():
     assert "exchanged through LAMMPS's communication" in captured.eager_reason
 
 
-@pytest.mark.parametrize("eager_first", [True, False])
-def test_timed_capture_keeps_the_faster(monkeypatch, eager_first):
-    """``timed`` (``capture auto`` on a GPU): at the first capture the eager run on the
-    unpadded graph and the graph's replay are timed, and the faster one runs from then on,
-    equal to eager either way; later captures are not timed."""
-    from nvalchemi_lammps.engine import _captured
-
-    times = iter([1.0, 2.0] if eager_first else [2.0, 1.0])  # eager, then replay
-    monkeypatch.setattr(_captured, "_milliseconds", lambda run, cuda=True: (run(), next(times))[1])
-    potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=2, seed=3)
-    captured = CapturedPotential(potential, timed=True)
-    graph = _graph(fcc_argon_222(), 5.0)
-    want = evaluate(potential, graph)
-    for _ in range(2):
-        _assert_same(evaluate(captured, graph), want)
-    if eager_first:
-        assert captured.captures == 0
-        assert captured.eager_reason == (
-            f"it ran faster eagerly at its first step (1.00 ms against 2.00 ms as a CUDA "
-            f"graph, {graph.npairs:,} pairs; capture yes captures it anyway)"
-        )
-    else:
-        assert captured.captures == 1 and captured.eager_reason is None
-        dense = _graph(fcc_argon_222().strained(np.eye(3) * -0.2), 5.0)
-        _assert_same(evaluate(captured, dense), evaluate(potential, dense))
-        assert captured.captures == 2  # not timed again: no time left in the iterator
-
-
 class _Summing(Potential):
     """Pair energies scaled by a sum over ranks: a potential with a collective mid-step."""
 

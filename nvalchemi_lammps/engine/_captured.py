@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -95,34 +94,16 @@ class _Key:
     state: tuple[Any, ...]
 
 
-def _milliseconds(run: Callable[[], object], cuda: bool = True) -> float:
-    """How long ``run`` takes: on the current CUDA stream, launches included (one host
-    sync), or on the host."""
-    if not cuda:
-        start = time.perf_counter()
-        run()
-        return 1e3 * (time.perf_counter() - start)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    run()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
-def _warm_up(run: Callable[[], object]) -> float:
+def _warm_up(run: Callable[[], object]) -> None:
     """``run`` a few times on a side stream before a capture (:data:`WARMUP`); its autograd
     graphs go with the call, so that no node made on that stream outlives it (a capture on
-    another stream would wait for it). Returns the last run's milliseconds: the eager run,
-    lazy initialization done."""
+    another stream would wait for it)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(WARMUP - 1):
+        for _ in range(WARMUP):
             run()
-        eager_ms = _milliseconds(run)
     torch.cuda.current_stream().wait_stream(stream)
-    return eager_ms
 
 
 def _gradients(
@@ -145,41 +126,26 @@ class _Step:
     After a replay, :attr:`energies` holds the owned rows' energies (float64; the owned
     padding rows' are zero), :attr:`grads` the leaves' gradients, :attr:`virial` the cell's
     part of the virial (for a potential that needs positions) and :attr:`sums` the energy
-    and the sum of each gradient and of the pair vectors: finite iff every term is.
+    and the sum of each gradient and of the pair vectors: finite iff every term is."""
 
-    ``capture=False``: warmed up only (:attr:`eager_ms`, to compare with a graph)."""
-
-    def __init__(
-        self, potential: Potential, padded: PaddedGraph, comm: _StaticComm, capture: bool = True
-    ) -> None:
+    def __init__(self, potential: Potential, padded: PaddedGraph, comm: _StaticComm) -> None:
         self.potential, self.padded = potential, padded
         self.graph = padded.graph(comm)
         self.dtype = potential.spec.torch_dtype
         self.cuda = padded.rij.is_cuda
-        #: the last eager run's milliseconds (before the capture, on a GPU)
-        self.eager_ms: float | None = None
         if self.cuda:
-            self.eager_ms = _warm_up(self._run)
-            if capture:
-                self.cuda_graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.cuda_graph):
-                    self._run()
-        elif capture:  # what cannot be captured stops here, as on a GPU
+            _warm_up(self._run)
+            self.cuda_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.cuda_graph):
+                self._run()
+        else:  # what cannot be captured stops here, as on a GPU
             self._run()
-        else:
-            self.eager_ms = _milliseconds(self._run, cuda=False)
 
     def replay(self) -> None:
         if self.cuda:
             self.cuda_graph.replay()
         else:
             self._run()
-
-    def replay_ms(self) -> float:
-        """A replay's milliseconds (on a GPU, the graph's first replay untimed)."""
-        if self.cuda:
-            self.replay()
-        return _milliseconds(self.replay, self.cuda)
 
     @torch.enable_grad()
     def _run(self) -> None:
@@ -333,14 +299,9 @@ class CapturedPotential(PaddedPotential):
     :param potential: a potential whose :meth:`~Potential.prepare_capture` succeeds
     :param headroom: capacities are the first graph's sizes times ``1 + headroom``, and grow
         the same way when a graph outgrows them
-    :param timed: at the first capture of a whole evaluation, time the graph's replay
-        against an eager run on the unpadded graph, and run eagerly from then on if that is
-        faster (:attr:`eager_reason` says so): large graphs are paced by the GPU, not by
-        launches, and the eager run computes no padding (on the CPU, the tests: both timed
-        on the host)
     """
 
-    def __init__(self, potential: Potential, headroom: float = 0.05, timed: bool = False) -> None:
+    def __init__(self, potential: Potential, headroom: float = 0.05) -> None:
         if potential.symmetric_pair_terms:
             # a closed form (pair_terms) runs a few kernels without autograd, on half the
             # pairs: captured, it would run the forward and backward on every pair
@@ -351,7 +312,6 @@ class CapturedPotential(PaddedPotential):
         super().__init__(potential.prepare_capture(), potential, Capacities(float(headroom)))
         #: captures so far (one forward and one backward graph each)
         self.captures = 0
-        self.timed = timed
         #: why this potential runs eagerly after all (``None`` while it is captured)
         self.eager_reason: str | None = None
         self._graphs: _Graphs | _Step | None = None
@@ -498,19 +458,9 @@ class CapturedPotential(PaddedPotential):
             padded.load_values(*padded.values(graph))
         comm = _StaticComm(graph.comm.exchange, padded.owners, graph.comm.one_rank)
         inputs = padded.graph(comm)
-        timed = self.timed and step and not self.captures
-        eager_ms = self._eager_ms(graph, owners) if timed else 0.0
         try:
             if step:
                 graphs = _Step(self.inner, padded, comm)
-                if timed:
-                    graph_ms = graphs.replay_ms()
-                    if eager_ms < graph_ms:
-                        raise NotCapturable(
-                            f"it ran faster eagerly at its first step ({eager_ms:.2f} ms "
-                            f"against {graph_ms:.2f} ms as a CUDA graph, {graph.npairs:,} "
-                            "pairs; capture yes captures it anyway)"
-                        )
             else:
                 graphs = _Graphs(lambda: self.inner(inputs), padded.leaves)
                 # padding rows have no energy to differentiate
@@ -523,26 +473,12 @@ class CapturedPotential(PaddedPotential):
         self.captures += 1
         self._generation = next(_GENERATIONS)
 
-    def _eager_ms(self, graph: LocalGraph, owners: torch.Tensor | None) -> float:
-        """An eager run's milliseconds on ``graph`` padded only to the next multiple of 64
-        (before the capture: the two never hold their memory at once)."""
-        tight = Capacities(0.0)
-        tight.fit(graph)
-        padded = PaddedGraph(tight, self.spec.cutoff, graph, owners=owners is not None, leaves=True)
-        with torch.no_grad():
-            padded.load(graph, owners)
-            padded.load_values(*padded.values(graph))
-        comm = _StaticComm(graph.comm.exchange, padded.owners, graph.comm.one_rank)
-        return _Step(self.inner, padded, comm, capture=False).eager_ms
 
-
-def capture_potential(
-    potential: Potential, headroom: float = 0.05, timed: bool = False
-) -> Potential:
+def capture_potential(potential: Potential, headroom: float = 0.05) -> Potential:
     """``potential`` captured as CUDA graphs on padded graphs, a drop-in for it: wrapped in a
     :class:`CapturedPotential`, or, for a potential made of parts (a pipeline), the parts
     that can be (:meth:`Potential.compiled <nvalchemi_lammps.contract.Potential.compiled>`).
 
     :raises ValueError: nothing in ``potential`` can run on padded graphs
     """
-    return potential.compiled(lambda part: CapturedPotential(part, headroom, timed))
+    return potential.compiled(lambda part: CapturedPotential(part, headroom))

@@ -165,10 +165,8 @@ class Session:
     def set_capture(self, mode: str) -> str:
         """Capture the model's forward and backward as CUDA graphs on graphs padded to
         capacities, replayed every step (``pair_style ... capture yes|no``; ``auto``, the
-        default: on a GPU, unless ``compile`` is given; a model whose whole step runs
-        faster eagerly at the first step, timed both ways, then runs eagerly). Returns what
-        runs captured, for LAMMPS's log ("" when nothing is worth saying: ``auto`` on the
-        CPU).
+        default: on a GPU, unless ``compile`` is given). Returns what runs captured, for
+        LAMMPS's log ("" when nothing is worth saying: ``auto`` on the CPU).
 
         ``yes`` on the CPU runs the same padded buffers without graphs (what the tests of
         the capture logic run).
@@ -189,7 +187,7 @@ class Session:
         if mode == "no" or compiling or (mode == "auto" and not gpu):
             return "CUDA graphs: off (capture no)" if mode == "no" and gpu else ""
         try:
-            self.potential = capture_potential(self.potential, timed=mode == "auto")
+            self.potential = capture_potential(self.potential)
         except ValueError as cannot:
             if mode == "yes":
                 raise ValueError(f"capture yes: {cannot}") from cannot
@@ -197,8 +195,7 @@ class Session:
         captured = ", ".join(m.name for m in self._captured())
         eager = [t.name for t in self.potential.parts() if not isinstance(t, CapturedPotential)]
         how = "CUDA graphs" if gpu else "capture on the CPU (padded buffers, no graphs)"
-        timed = ", or eager where faster at the first step" if mode == "auto" else ""
-        return f"{how}: {captured}, padded to capacities that grow by 25% when outgrown{timed}" + (
+        return f"{how}: {captured}, padded to capacities that grow by 25% when outgrown" + (
             f"; eager: {', '.join(eager)}" if eager else ""
         )
 
