@@ -139,7 +139,7 @@ def format_rows(rows: list[Row]) -> list[str]:
     """The table; on a GPU, the bare model captured as CUDA graphs (``graphed``) and what a
     step costs beyond it (``step-grf``); with a compiled model, a last column of the graphs
     compiled during the timed steps (0 when the capacities of the first steps held), or
-    ``eager`` where the captured model runs eagerly after all (``capture auto`` timed it)."""
+    ``eager`` where a captured model runs eagerly after all (the reason in the JSON)."""
     compiling = any(r.compiled is not None for r in rows)
     graphed = any(r.graphed_ms is not None for r in rows)
     width = max([len("style")] + [len(r.style) for r in rows])
