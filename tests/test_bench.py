@@ -157,6 +157,10 @@ def test_styles_take_turns_beside_a_peer(tmp_path):
     assert ours["bridge_ms"] is not None and peer["bridge_ms"] is None
     assert ours["model_ms"] == peer["model_ms"] > 0.0  # one bare model for the process
     assert ours["over_first"] == 1.0 and peer["over_first"] > 0.0
+    # every turn ran the same steps from the same positions and velocities
+    assert ours["rounds_pe"][0] == ours["rounds_pe"][1]
+    assert peer["rounds_pe"][0] == peer["rounds_pe"][1]
+    assert ours["rounds_pe"][0] == pytest.approx(peer["rounds_pe"][0], rel=1e-10)
 
 
 def test_rounds_rotate_the_order_of_the_styles():

@@ -38,6 +38,9 @@ class Row:
     compiled: int | None = None  # graphs compiled during the timed steps, any rank
     eager: str | None = None  # why captured terms run eagerly after all (rank 0's session)
     rounds_ms: list[float] | None = None  # ms/step of each round (slowest rank)
+    # the potential energy after each round's timed steps: every turn starts from the same
+    # positions and velocities, so the same in every round
+    rounds_pe: list[float] | None = None
 
 
 def _relative(forces: dict, reference: dict) -> float:
@@ -124,6 +127,7 @@ def row(
         compiled=max(compiled) if compiled else None,
         eager=next((r["eager"] for rnd in by_round for r in rnd if "eager" in r), None),
         rounds_ms=step_ms,
+        rounds_pe=[r["pe"] for r in out["ranks"][0]["runs"] if r["style"] == k],
     )
 
 

@@ -148,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
             'dump_modify step0 sort id format float "%.17g"\n'
             "run 0\nundump step0\n"
         )
+    # every turn starts from these positions and velocities, its thermostat at rest: each
+    # style and round then times the same steps (a random network's forces barely hold a
+    # crystal: its atoms fly freely and its pair count climbs by a few percent in tens of
+    # steps)
+    initial = [(name, lmp.gather_atoms(name, 1, 3)) for name in ("x", "v")]
     # the bare model, eager or compiled; on a GPU also captured as the doors run it
     bare, graphed = [], []
     if run["bare"] and me == 0:
@@ -169,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     for turn in range(run["rounds"]):
         for k in turn_order(list(range(len(styles))), turn):
             session = use(k)
+            for name, values in initial:
+                lmp.scatter_atoms(name, 1, 3, values)
+            lmp.command(run["thermostat"])
             lmp.command(f"run {run['warmup']}")
             if session is not None:
                 session.timings = {}
@@ -188,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                 # CPU time of this rank's process (MPI waits spin and count): what other
                 # processes on a shared machine inflate far less than wall time
                 "cpu_seconds": time.process_time() - cpu,
+                "pe": lmp.get_thermo("pe"),
             }
             if (peak := _gpu_peak()) is not None:
                 record["peak_gpu_mib"] = peak

@@ -2,9 +2,10 @@
 
 For each system size and rank count, ONE LAMMPS process runs every style of the
 configuration in turn, a warm-up and then the timed steps, for several rounds, the order
-rotating from round to round; on 1 rank the bare model (forward and backward on the whole
-periodic system, no LAMMPS) is timed in the same process before the first round and after
-each. The host's drift between minutes then hits every style and the model alike. Before
+rotating from round to round, every turn from the same positions, velocities and thermostat
+state (every style and round times the same steps); on 1 rank the bare model (forward and
+backward on the whole periodic system, no LAMMPS) is timed in the same process before the
+first round and after each. The host's drift between minutes then hits every style and the model alike. Before
 the rounds, step 0 of every style on the same positions: forces by atom ID against the same
 style at the first rank count (exit 1 beyond the tolerance, 1e-10 for float64 models) and
 against the first style.
@@ -106,10 +107,15 @@ def _setup_script(config: BenchConfig, data: Path, masses: list[float]) -> str:
         *(f"mass {k + 1} {m!r}" for k, m in enumerate(masses)),
         f"timestep {dt!r}",
         f"velocity all create {config.temperature!r} 4928459 loop geom",
-        f"fix nvt all nvt temp {config.temperature!r} {config.temperature!r} {100 * dt!r}",
         "thermo 0",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _thermostat(config: BenchConfig) -> str:
+    """Defined anew at every turn (the worker's): each turn's thermostat starts at rest."""
+    dt = config.timestep or TIMESTEP[config.units]
+    return f"fix nvt all nvt temp {config.temperature!r} {config.temperature!r} {100 * dt!r}"
 
 
 def _environment(config: BenchConfig) -> dict[str, str]:
@@ -204,6 +210,7 @@ def _process_spec(
         "cmdargs": cmdargs,
         "kokkos": config.gpus is not None,
         "setup": setup,
+        "thermostat": _thermostat(config),
         "styles": styles,
         "warmup": config.warmup,
         "steps": config.steps,
