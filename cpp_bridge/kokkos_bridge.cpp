@@ -201,6 +201,18 @@ PyObject *collectives_type()
 
 /* ---------------------------------------------------------------------- */
 
+void NvalchemiLammps::finish_on_device(PythonSession &session)
+{
+  GilLock gil;
+  PyRef module(PyImport_ImportModule(KOKKOS_FRONTEND_MODULE));
+  if (!module) raise_pending_python_error("cannot import nvalchemi_lammps: ");
+  PyRef out(PyObject_CallMethod(module.get(), "finish", "O",
+                                static_cast<PyObject *>(session.python_object())));
+  if (!out) raise_pending_python_error("");
+}
+
+/* ---------------------------------------------------------------------- */
+
 void NvalchemiLammps::compute_on_device(PythonSession &session, const DeviceStep &step,
                                         DeviceResult &result, DeviceCollectives *collectives)
 {

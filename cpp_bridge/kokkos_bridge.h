@@ -98,6 +98,9 @@ struct DeviceResult {
 void compute_on_device(PythonSession &session, const DeviceStep &step, DeviceResult &result,
                        DeviceCollectives *collectives);
 
+// the end of a run: the step left unread, if any, is read; errors come as PythonError
+void finish_on_device(PythonSession &session);
+
 }    // namespace NvalchemiLammps
 
 #endif

@@ -279,6 +279,26 @@ template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::compute(int ef
 }
 
 /* ----------------------------------------------------------------------
+   end of a run: a step LAMMPS read nothing of is read now when no step came
+   after it (fix halt, timer timeout), then the capture report
+------------------------------------------------------------------------- */
+
+template <class DeviceType> void PairNvalchemiKokkos<DeviceType>::finish()
+{
+  if (session) {
+    try {
+      NvalchemiLammps::finish_on_device(*session);
+    } catch (std::exception &err) {
+      log_traceback(err);
+      abort_one(FLERR, fmt::format("Pair style nvalchemi/kk failed at the end of the run "
+                                   "(step {}): {}",
+                                   update->ntimestep, with_type(err)));
+    }
+  }
+  PairNvalchemi::finish();
+}
+
+/* ----------------------------------------------------------------------
    the captured model's input buffers the model handed back (or none): the
    next step's pairs are written there too when they fit
 ------------------------------------------------------------------------- */

@@ -40,6 +40,7 @@ template <class DeviceType> class PairNvalchemiKokkos : public PairNvalchemi, pu
   void compute(int, int) override;
   void coeff(int, char **) override;
   void init_style() override;
+  void finish() override;
 
   // this step's pairs within the cutoff into d_pair_i, d_pair_j, d_rij (and the sink's
   // buffers when they fit: their generation in sink_written, else -1); their number

@@ -22,7 +22,12 @@ from lammps_helpers import assert_all_close
 from torch.utils.dlpack import to_dlpack
 
 from nvalchemi_lammps import MessagePassing, save_model
-from nvalchemi_lammps.frontends.kokkos import KokkosStepRecord, check_device, compute
+from nvalchemi_lammps.frontends.kokkos import (
+    KokkosStepRecord,
+    check_device,
+    compute,
+    finish,
+)
 from nvalchemi_lammps.frontends.session import Session
 from nvalchemi_lammps.reference import evaluate_reference
 
@@ -225,3 +230,12 @@ def test_a_step_read_later_stops_the_next(tmp_path):
         compute(session, record)
     assert not arrays["forces"].any()
     assert session.unread is None  # read once: the run stops there
+
+    # the run's end reads a step no step came after (fix halt, timer timeout)
+    finish(session)  # nothing unread
+    record, arrays = _step(graph, positions, collectives, system.cell, read_later=True, timestep=8)
+    compute(session, record)
+    message = "non-finite energies or forces at step 8 (read at the end of the run: LAMMPS"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        finish(session)
+    assert session.unread is None

@@ -779,6 +779,35 @@ def test_non_finite_position_stops_every_rank(kokkos_lammps, lj_model, nprocs, t
     assert "atom 1 with a non-finite position at step 2" in run.output, run.output[-3000:]
 
 
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_non_finite_step_before_a_halt_stops_every_rank(kokkos_lammps, lj_model, nprocs, tmp_path):
+    """The same NaN velocity, and ``fix halt`` ending the run after step 1, a step LAMMPS
+    reads nothing of (halting on free disk space, which invokes no compute): no step comes
+    after it to read it, so the end of the run does, and stops LAMMPS there (before: the
+    run ended with exit 0 and NaN positions)."""
+    positions, cell, species = ar_ne_slab(4)
+    data = write_lammps_data(tmp_path / "slab.data", positions, cell, species + 1, MASSES)
+    script = run0_header(str(data), f"processors 1 1 {nprocs}") + textwrap.dedent(
+        f"""\
+        pair_style nvalchemi {lj_model[1]}
+        pair_coeff * * Ar Ne
+        variable nan atom 1e300*1e300-1e300*1e300
+        set atom 1 vx v_nan
+        fix nve all nve
+        fix stop all halt 1 diskfree > 0.0 error continue
+        run 3
+        print "after the run"
+        """
+    )
+    run = kokkos_lammps.run(script, nprocs, tmp_path / "kk")
+    assert run.returncode != 0, run.output[-3000:]
+    assert "Pair style nvalchemi/kk failed at the end of the run (step 1)" in run.output, (
+        run.output[-3000:]
+    )
+    assert "non-finite energies or forces at step 1 (read at the end of the run" in run.output
+    assert "after the run" not in run.output.replace('print "after the run"', "")
+
+
 #: the plugin's checks, through nvalchemi/kk (tests/test_lammps_errors.py runs them all
 #: through pair_style nvalchemi)
 ERRORS = [

@@ -338,18 +338,36 @@ def _read_unread(session: Session, step: KokkosStepRecord, x: torch.Tensor) -> N
     """Read the finiteness of the step left unread (``read_later``), if any: one that was
     not finite stops the run now, naming the atoms whose positions are not finite (NaN
     forces make NaN positions), which is all its integration left to see."""
-    if session.unread is None:
-        return
-    (readback, timestep), session.unread = session.unread, None
-    if readback.values(name_cause=False)[1]:
+    failed = _unread_failure(session, "the next step")
+    if failed is None:
         return
     model = session.model_name()
     now = nonfinite_positions(
         model, _view(step.tags)[: step.ntotal], x, f" at step {step.timestep}"
     )
-    raise ValueError(
-        f"{model} returned non-finite energies or forces at step {timestep} (read at the "
-        f"next step: LAMMPS read nothing of step {timestep})" + ("" if now is None else f"; {now}")
+    raise ValueError(failed + ("" if now is None else f"; {now}"))
+
+
+def finish(session: Session) -> None:
+    """The end of a run (LAMMPS's ``Pair::finish``): read the step left unread, if any (a
+    run that ``fix halt`` or ``timer timeout`` ended after a step LAMMPS read nothing of);
+    one that was not finite stops LAMMPS here, before the input goes on with its results."""
+    failed = _unread_failure(session, "the end of the run")
+    if failed is not None:
+        raise ValueError(failed)
+
+
+def _unread_failure(session: Session, when: str) -> str | None:
+    """Read the step left unread, if any; what to say if it was not finite (read at
+    ``when``), else ``None``."""
+    if session.unread is None:
+        return None
+    (readback, timestep), session.unread = session.unread, None
+    if readback.values(name_cause=False)[1]:
+        return None
+    return (
+        f"{session.model_name()} returned non-finite energies or forces at step {timestep} "
+        f"(read at {when}: LAMMPS read nothing of step {timestep})"
     )
 
 
