@@ -5,10 +5,10 @@ configuration in turn, a warm-up and then the timed steps, for several rounds, t
 rotating from round to round, every turn from the same positions, velocities and thermostat
 state (every style and round times the same steps); on 1 rank the bare model (forward and
 backward on the whole periodic system, no LAMMPS) is timed in the same process before the
-first round and after each. The host's drift between minutes then hits every style and the model alike. Before
-the rounds, step 0 of every style on the same positions: forces by atom ID against the same
-style at the first rank count (exit 1 beyond the tolerance, 1e-10 for float64 models) and
-against the first style.
+first round and after each. The host's drift between minutes then hits every style and the
+model alike. Before the rounds, step 0 of every style on the same positions: forces by atom
+ID against the same style at the first rank count (exit 1 beyond the tolerance, 1e-10 for
+float64 models) and against the first style.
 
 Reported per style (medians over the rounds, slowest rank): ms/step, atom-steps/s, ns/day,
 step / model (each round against the mean of the bare model just before and after it) and
