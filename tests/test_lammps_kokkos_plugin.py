@@ -754,12 +754,32 @@ def test_non_finite_results_stop_every_rank(kokkos_lammps, lj_model, nprocs, tmp
     assert "atoms 1 and 2 are on the same spot" in run.output, run.output[-3000:]
 
 
+#: (fix halt or nothing, where the run stops, what it says): a step LAMMPS reads nothing of
+#: is read at the next step, or at the end of the run when no step comes after it (a halt
+#: on free disk space invokes no compute, so step 1 stays a step read later)
+NAN_CASES = {
+    "next-step": (
+        "",
+        "failed at step 2",
+        "non-finite energies or forces at step 1 (read at the next step",
+    ),
+    "halted": (
+        "fix stop all halt 1 diskfree > 0.0 error continue",
+        "failed at the end of the run (step 1)",
+        "non-finite energies or forces at step 1 (read at the end of the run",
+    ),
+}
+
+
 @pytest.mark.parametrize("nprocs", [1, 2])
-def test_non_finite_position_stops_every_rank(kokkos_lammps, lj_model, nprocs, tmp_path):
+@pytest.mark.parametrize("case", list(NAN_CASES))
+def test_non_finite_position_stops_every_rank(kokkos_lammps, lj_model, case, nprocs, tmp_path):
     """Atom 1 given a NaN velocity: from step 1 its position is NaN and it drops out of every
     pair within the cutoff. Before: finite energies and exit 0. LAMMPS reads nothing of
     step 1 (thermo at steps 0 and 3 only): its finiteness is read at step 2, which stops
-    there, naming step 1 and the atom."""
+    there, naming step 1 and the atom; or, when ``fix halt`` ends the run after step 1, at
+    the end of the run, which stops LAMMPS before the input goes on."""
+    halt, where, what = NAN_CASES[case]
     positions, cell, species = ar_ne_slab(4)
     data = write_lammps_data(tmp_path / "slab.data", positions, cell, species + 1, MASSES)
     script = run0_header(str(data), f"processors 1 1 {nprocs}") + textwrap.dedent(
@@ -769,43 +789,18 @@ def test_non_finite_position_stops_every_rank(kokkos_lammps, lj_model, nprocs, t
         variable nan atom 1e300*1e300-1e300*1e300
         set atom 1 vx v_nan
         fix nve all nve
+        {halt}
         run 3
+        print "after-the-run"
         """
     )
     run = kokkos_lammps.run(script, nprocs, tmp_path / "kk")
     assert run.returncode != 0, run.output[-3000:]
-    assert "Pair style nvalchemi/kk failed at step 2" in run.output, run.output[-3000:]
-    assert "non-finite energies or forces at step 1 (read at the next step" in run.output
-    assert "atom 1 with a non-finite position at step 2" in run.output, run.output[-3000:]
-
-
-@pytest.mark.parametrize("nprocs", [1, 2])
-def test_non_finite_step_before_a_halt_stops_every_rank(kokkos_lammps, lj_model, nprocs, tmp_path):
-    """The same NaN velocity, and ``fix halt`` ending the run after step 1, a step LAMMPS
-    reads nothing of (halting on free disk space, which invokes no compute): no step comes
-    after it to read it, so the end of the run does, and stops LAMMPS there (before: the
-    run ended with exit 0 and NaN positions)."""
-    positions, cell, species = ar_ne_slab(4)
-    data = write_lammps_data(tmp_path / "slab.data", positions, cell, species + 1, MASSES)
-    script = run0_header(str(data), f"processors 1 1 {nprocs}") + textwrap.dedent(
-        f"""\
-        pair_style nvalchemi {lj_model[1]}
-        pair_coeff * * Ar Ne
-        variable nan atom 1e300*1e300-1e300*1e300
-        set atom 1 vx v_nan
-        fix nve all nve
-        fix stop all halt 1 diskfree > 0.0 error continue
-        run 3
-        print "after the run"
-        """
-    )
-    run = kokkos_lammps.run(script, nprocs, tmp_path / "kk")
-    assert run.returncode != 0, run.output[-3000:]
-    assert "Pair style nvalchemi/kk failed at the end of the run (step 1)" in run.output, (
-        run.output[-3000:]
-    )
-    assert "non-finite energies or forces at step 1 (read at the end of the run" in run.output
-    assert "after the run" not in run.output.replace('print "after the run"', "")
+    assert f"Pair style nvalchemi/kk {where}" in run.output, run.output[-3000:]
+    assert what in run.output, run.output[-3000:]
+    if case == "next-step":
+        assert "atom 1 with a non-finite position at step 2" in run.output, run.output[-3000:]
+    assert "\nafter-the-run" not in run.output
 
 
 #: the plugin's checks, through nvalchemi/kk (tests/test_lammps_errors.py runs them all
