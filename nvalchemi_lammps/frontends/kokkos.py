@@ -326,9 +326,8 @@ def _write_back(
             atom_virials[:ntotal].index_add_(0, pair_j, half)
         if step.pair_virial:
             virial = per_pair.sum(dim=0)
-    if (
-        step.global_virial and result.virial is not None
-    ):  # what f.r of the non-pairwise forces misses
+    # what f.r of the non-pairwise forces misses, when a global virial is wanted
+    if step.global_virial and result.virial is not None:
         extra = result.virial.to(x.device, torch.float64)
         virial = extra if virial is None else virial + extra
     return virial
