@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 
 from nvalchemi_lammps import FORMAT_VERSION
 
@@ -146,9 +147,18 @@ def bad_input_script(case: BadInput, model, data) -> str:
 
 def assert_clear_error(case: BadInput, run) -> None:
     """``run`` of :func:`bad_input_script` stopped, before its timeout, with the messages
-    of ``case`` on ERROR lines."""
+    of ``case`` on ERROR lines (of its output, or of the log LAMMPS writes in its workdir)."""
     assert run.returncode != -9, f"hung, killed after {TIMEOUT} s:\n{run.output[-3000:]}"
     assert run.returncode != 0, f"LAMMPS accepted the bad input:\n{run.output[-3000:]}"
-    errors = "\n".join(line for line in run.output.splitlines() if "ERROR" in line)
+    errors = "\n".join(line for line in _printed(run).splitlines() if "ERROR" in line)
     missing = [m for m in case.messages if m not in errors]
     assert not missing, f"error output lacks {missing}:\n{run.output[-3000:]}"
+
+
+def _printed(run) -> str:
+    """What ``run`` printed, and LAMMPS's log (``-log log.lammps`` in its workdir): rank 0's
+    messages, flushed there as LAMMPS writes them. A run that ends in ``MPI_Abort`` can lose
+    the tail of its output on the way through ``mpirun`` (seen once under load, 2026-12-07:
+    the output stopped before rank 0's error, which the log still holds)."""
+    log = Path(run.workdir) / "log.lammps"
+    return run.output + ("\n" + log.read_text(errors="replace") if log.exists() else "")
