@@ -87,12 +87,17 @@ OMAT = {"pair_repulsion": True, "distance_transform": "Agnesi"}
 
 
 def mp_medium_mace(
-    dtype: str = "float32", kernels: str = "auto", omat: bool = False, pair_chunk: int = 0
+    dtype: str = "float32",
+    kernels: str = "auto",
+    omat: bool = False,
+    pair_chunk: int = 0,
+    compile_blocks: bool = False,
 ):
     """A random ScaleShiftMACE of MACE-MP-0 medium's shape (:data:`MP_MEDIUM`, 89
-    elements); ``omat``: MACE-OMAT-0 / MPA-0 medium's (with :data:`OMAT`); ``pair_chunk``:
-    the potential's option (pairs per chunk of the pair work, 0: all at once)."""
-    return _mace(dtype, kernels, pair_chunk=pair_chunk, **mace_hyperparameters(MP_MEDIUM, omat))
+    elements); ``omat``: MACE-OMAT-0 / MPA-0 medium's (with :data:`OMAT`); ``pair_chunk``
+    and ``compile_blocks``: the potential's options."""
+    hyper = mace_hyperparameters(MP_MEDIUM, omat)
+    return _mace(dtype, kernels, pair_chunk=pair_chunk, compile_blocks=compile_blocks, **hyper)
 
 
 def small_mace_128(dtype: str = "float32", kernels: str = "auto", omat: bool = False):
@@ -115,14 +120,20 @@ def mace_hyperparameters(shape: dict, omat: bool = False, seed: int = 0) -> dict
     }
 
 
-def _mace(dtype: str, kernels: str, *, pair_chunk: int = 0, **hyper):
+def _mace(dtype: str, kernels: str, *, pair_chunk: int = 0, compile_blocks: bool = False, **hyper):
     """:func:`mace_network` of ``hyper`` as this package's MACE potential."""
     from nvalchemi_lammps.potentials.mace import Mace
 
     network = mace_network(hyper)
     with warnings.catch_warnings():  # e3nn and mace-torch script parts: TorchScript warns
         warnings.simplefilter("ignore")
-        return Mace.from_model(network, dtype=dtype, kernels=kernels, pair_chunk=pair_chunk)
+        return Mace.from_model(
+            network,
+            dtype=dtype,
+            kernels=kernels,
+            pair_chunk=pair_chunk,
+            compile_blocks=compile_blocks,
+        )
 
 
 def mace_network(hyper: dict):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import textwrap
 
+import numpy as np
 import pytest
 from _bad_inputs import TIMEOUT, BadInput, assert_clear_error, bad_input_script
 from _systems import ar_ne_slab
@@ -111,21 +112,37 @@ def _md_script(model, processors: str, cells: int, steps: int) -> str:
     return script + run0_evaluation("eager")
 
 
-#: the models of the MD runs, small enough for a few seconds per run on 2 cores
+def _mace_compiled_blocks():
+    """A small MACE of argon on cuEquivariance's kernels (their CPU fallback here) whose
+    blocks are compiled inside the capture (``compile_blocks``)."""
+    from _mace_models import random_mace
+
+    from nvalchemi_lammps.potentials.mace import Mace
+
+    # r_max 5 A: fcc argon's second shell (5.26 A) comes inside as the box shrinks
+    network = random_mace(atomic_numbers=[18], atomic_energies=np.array([-0.5]), r_max=5.0)
+    return Mace.from_model(network, dtype="float64", kernels="cuequivariance", compile_blocks=True)
+
+
+#: the models of the MD runs, small enough for a few seconds per run on 2 cores (MACE:
+#: plus its compilations)
 MD_MODELS = {
     "one_layer": lambda: MessagePassing(["Ar"], cutoff=5.0, layers=1, features=8, seed=3),
     "message_passing": lambda: MessagePassing(["Ar"], cutoff=5.0, layers=2, features=8, seed=3),
+    "mace_compiled_blocks": _mace_compiled_blocks,
 }
 
 #: (door, model, ranks, fcc cells per side, steps): the message-passing model's exchanges
 #: inside the captured step (one rank, through both doors: nvalchemi/kk's kernels write the
 #: pairs straight into the captured buffers); a one-layer model (no exchanges) on two ranks
-#: through both doors (Lennard-Jones's closed form is never captured)
+#: through both doors (Lennard-Jones's closed form is never captured); MACE with its blocks
+#: compiled inside the capture, compiled again when the capacities grow
 MD_CASES = [
     ("nvalchemi", "message_passing", 1, 4, 200),
     ("nvalchemi", "one_layer", 2, 5, 200),
     ("nvalchemi/kk", "one_layer", 2, 5, 200),
     ("nvalchemi/kk", "message_passing", 1, 4, 200),
+    ("nvalchemi/kk", "mace_compiled_blocks", 1, 3, 100),
 ]
 
 

@@ -471,20 +471,21 @@ def test_export_from_checkpoint(scale_shift, tmp_path, capsys):
     toml = tmp_path / "mace.toml"
     toml.write_text(
         f'potential = "mace"\ncheckpoint = "{tmp_path / "small.model"}"\ndtype = "float32"\n'
-        "pair_chunk = 200\n"
+        "pair_chunk = 200\ncompile_blocks = true\n"
     )
     assert export.main([str(toml), "-o", str(tmp_path / "mace.pt")]) == 0
     assert "wrote" in capsys.readouterr().out
     loaded = load_model(tmp_path / "mace.pt")
     assert loaded.spec.dtype == "float32"
     assert loaded.config()["pair_chunk"] == 200
+    assert loaded.config()["compile_blocks"] is True
     assert loaded.config()["model"] == potential.config()["model"]
 
     toml.write_text('potential = "mace"\nfile = "x"\n')
     assert export.main([str(toml), "-o", str(tmp_path / "bad.pt")]) == 1
     assert capsys.readouterr().out.startswith(
         "error: unknown key(s) file for potential mace "
-        "(allowed: potential, checkpoint, head, dtype, kernels, pair_chunk)"
+        "(allowed: potential, checkpoint, head, dtype, kernels, pair_chunk, compile_blocks)"
     )
 
 
@@ -715,6 +716,10 @@ ERRORS = {
     "pair-chunk": (
         lambda config: Mace(config["model"], pair_chunk=-5),
         "pair_chunk must be an integer >= 0 (0: off); got -5",
+    ),
+    "compile-blocks": (
+        lambda config: Mace(config["model"], compile_blocks="yes"),
+        "compile_blocks must be true or false; got 'yes'",
     ),
     "pair-chunk-block": (
         lambda config: Mace(

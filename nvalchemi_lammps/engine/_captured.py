@@ -310,6 +310,10 @@ class CapturedPotential(PaddedPotential):
                 "kernels on a half neighbor list"
             )
         super().__init__(potential.prepare_capture(), potential, Capacities(float(headroom)))
+        #: what runs where the graphs do not (:attr:`eager_reason`): the potential as given,
+        #: whose prepared copy may hold what only a capture should run (MACE's compiled
+        #: blocks, which would compile again for every new shape)
+        self.eager = potential
         #: captures so far (one forward and one backward graph each)
         self.captures = 0
         #: why this potential runs eagerly after all (``None`` while it is captured)
@@ -329,7 +333,7 @@ class CapturedPotential(PaddedPotential):
                 return _Replay.apply(self._graphs, padded, graph, owners, *padded.values(graph))
             except NotCapturable as reason:
                 self._run_eagerly(reason)
-        return self.inner(graph)
+        return self.eager(graph)
 
     def evaluation(
         self,

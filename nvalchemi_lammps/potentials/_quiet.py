@@ -44,3 +44,14 @@ def without_torchscript_warnings() -> contextlib.AbstractContextManager[None]:
         (r"`torch\.jit\.(script|save|load)` is deprecated", DeprecationWarning),
         (r"The TorchScript type system doesn't support instance-level annotations", UserWarning),
     )
+
+
+def without_compiler_warnings() -> contextlib.AbstractContextManager[None]:
+    """``torch.compile``'s own, while it compiles: it reads ``.grad`` of the non-leaf
+    tensors it traces, its code generation calls TorchScript functions deprecated in torch
+    2.10+, and it instantiates the autograd functions it traces."""
+    return without_warnings(
+        (r"The \.grad attribute of a Tensor", UserWarning),
+        (r"`torch\.jit\.", DeprecationWarning),
+        (r".*should not be instantiated", DeprecationWarning),
+    )

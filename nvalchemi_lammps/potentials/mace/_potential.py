@@ -18,6 +18,7 @@ from ...contract import LocalGraph, ModelSpec, check_keys
 from .._base import Potential, register_potential
 from .._quiet import without_torchscript_warnings as _quiet_torchscript
 from ._chunked import check_chunkable
+from ._compiled_blocks import _compiled_blocks
 from ._config import (
     _check_keys,
     _check_model_class,
@@ -57,6 +58,13 @@ def _check_pair_chunk(pair_chunk: Any, model: dict[str, Any]) -> None:
         check_chunkable([model["interaction_cls_first"], model["interaction_cls"]])
 
 
+def _check_compile_blocks(compile_blocks: Any) -> None:
+    if not isinstance(compile_blocks, bool):
+        raise ValueError(  # noqa: TRY004 - a bad value in a model file or its TOML
+            f"compile_blocks must be true or false; got {compile_blocks!r}"
+        )
+
+
 @register_potential
 class Mace(Potential):
     """A mace-torch ``MACE`` or ``ScaleShiftMACE`` model.
@@ -84,6 +92,12 @@ class Mace(Potential):
         chunk's pair work instead of every pair's, for about one more forward of the pair
         work; 0 (default): all pairs at once. For systems whose pairs do not fit in GPU
         memory otherwise (MACE-MP-0 medium's shape: ~17 kB per pair in float32)
+    :param compile_blocks: where the model is captured (CUDA graphs, ``pair_style ...
+        capture``), run its interaction and product blocks, radial embedding and spherical
+        harmonics under ``torch.compile`` inside the captured step (:func:`._compiled_blocks`):
+        their element-wise work fused around cuEquivariance's kernels, for a compilation at
+        the first step and once more when the capacities first grow. Runs that are not
+        captured are not compiled.
     """
 
     name = "mace"
@@ -95,6 +109,7 @@ class Mace(Potential):
         dtype: str = "float64",
         kernels: str = "auto",
         pair_chunk: int = 0,
+        compile_blocks: bool = False,
     ) -> None:
         super().__init__()
         if dtype not in _DTYPES:
@@ -103,6 +118,7 @@ class Mace(Potential):
             raise ValueError(f"kernels must be one of {', '.join(KERNELS)}; got '{kernels}'")
         _check_keys(model)
         _check_pair_chunk(pair_chunk, model)
+        _check_compile_blocks(compile_blocks)
         heads = list(model["heads"])
         self.head_index = _head_index(heads, head)
         self.model = _inference(build_model(model).to(_DTYPES[dtype]))
@@ -119,6 +135,7 @@ class Mace(Potential):
             "dtype": dtype,
             "kernels": kernels,
             "pair_chunk": int(pair_chunk),
+            "compile_blocks": compile_blocks,
         }
         if kernels == "cuequivariance" and not _cueq_available():
             raise ImportError(f"kernels = cuequivariance needs {_CUEQ_INSTALL}")
@@ -127,6 +144,9 @@ class Mace(Potential):
         # _select_kernels); not a submodule, so that weights and model files keep e3nn's form
         object.__setattr__(self, "_cueq", None)
         object.__setattr__(self, "_cueq_stale", True)
+        # in the copy that is captured (prepare_capture): the kernels' network, compiled
+        object.__setattr__(self, "_compiles_blocks", False)
+        object.__setattr__(self, "_network", None)
 
     def config(self) -> dict[str, Any]:
         return copy.deepcopy(self._config)
@@ -135,7 +155,8 @@ class Mace(Potential):
     def kernels(self) -> str:
         """The kernels the network runs on where its weights are now: ``e3nn`` or
         ``cuequivariance``."""
-        return "e3nn" if self.network is self.model else "cuequivariance"
+        self.network  # noqa: B018  (chosen when first needed)
+        return "e3nn" if self._cueq is None else "cuequivariance"
 
     @property
     def network(self) -> torch.nn.Module:
@@ -144,6 +165,8 @@ class Mace(Potential):
             with _BUILDING:
                 if self._cueq_stale:
                     self._select_kernels()
+        if self._compiles_blocks:
+            return self._network
         return self.model if self._cueq is None else self._cueq
 
     def _apply(self, fn: Any, recurse: bool = True) -> Mace:
@@ -172,6 +195,9 @@ class Mace(Potential):
                     raise
                 warnings.warn(f"this MACE model runs on e3nn's kernels: {err}", stacklevel=2)
                 cueq = None
+        if self._compiles_blocks:
+            network = _compiled_blocks(self.model if cueq is None else cueq)
+            object.__setattr__(self, "_network", network)
         object.__setattr__(self, "_cueq", cueq)
         object.__setattr__(self, "_cueq_stale", False)
 
@@ -183,6 +209,7 @@ class Mace(Potential):
         dtype: str | None = None,
         kernels: str = "auto",
         pair_chunk: int = 0,
+        compile_blocks: bool = False,
     ) -> Mace:
         """Wrap a mace-torch model (its weights are copied; ``model`` is left as it is).
 
@@ -198,6 +225,7 @@ class Mace(Potential):
         :param dtype: ``float64`` or ``float32``; default: the dtype of ``model``'s weights
         :param kernels: see the class
         :param pair_chunk: see the class
+        :param compile_blocks: see the class
         :raises ValueError: the model cannot be rebuilt from plain data
         """
         if dtype is None:
@@ -215,7 +243,12 @@ class Mace(Potential):
         if _uses_cuequivariance(model):
             model = _to_e3nn(model)
         potential = cls(
-            model_config(model), head=head, dtype=dtype, kernels="e3nn", pair_chunk=pair_chunk
+            model_config(model),
+            head=head,
+            dtype=dtype,
+            kernels="e3nn",
+            pair_chunk=pair_chunk,
+            compile_blocks=compile_blocks,
         )
         state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
         try:
@@ -262,6 +295,7 @@ class Mace(Potential):
         dtype: str = "float64",
         kernels: str = "auto",
         pair_chunk: int = 0,
+        compile_blocks: bool = False,
     ) -> Mace:
         """Load a mace-torch model file (``torch.save`` of the model, e.g. ``*.model``).
 
@@ -275,6 +309,7 @@ class Mace(Potential):
         :param dtype: ``float64`` (default) or ``float32``
         :param kernels: see the class
         :param pair_chunk: see the class
+        :param compile_blocks: see the class
         """
         path = Path(path)
         if not path.is_file():
@@ -290,18 +325,28 @@ class Mace(Potential):
                 "alone (a training checkpoint) cannot be used; give the saved model "
                 "(*.model) instead"
             )
-        return cls.from_model(model, head=head, dtype=dtype, kernels=kernels, pair_chunk=pair_chunk)
+        return cls.from_model(
+            model,
+            head=head,
+            dtype=dtype,
+            kernels=kernels,
+            pair_chunk=pair_chunk,
+            compile_blocks=compile_blocks,
+        )
 
     @classmethod
     def from_export_config(cls, config: dict[str, Any]) -> Mace:
         """What ``nvalchemi-lammps export`` builds from a TOML file with
         ``potential = "mace"``: ``checkpoint`` (path of a mace-torch model file, relative
-        to the working directory; required), ``head``, ``dtype``, ``kernels``, ``pair_chunk``.
+        to the working directory; required), ``head``, ``dtype``, ``kernels``, ``pair_chunk``,
+        ``compile_blocks``.
 
         The checkpoint is a pickle and is loaded as such (see :meth:`from_checkpoint`).
         """
         check_keys(
-            config, "potential mace", ("checkpoint", "head", "dtype", "kernels", "pair_chunk")
+            config,
+            "potential mace",
+            ("checkpoint", "head", "dtype", "kernels", "pair_chunk", "compile_blocks"),
         )
         if "checkpoint" not in config:
             raise ValueError('potential mace needs key checkpoint = "<mace-torch model file>"')
@@ -312,6 +357,7 @@ class Mace(Potential):
                 dtype=config.get("dtype", "float64"),
                 kernels=config.get("kernels", "auto"),
                 pair_chunk=config.get("pair_chunk", 0),
+                compile_blocks=config.get("compile_blocks", False),
             )
         except ImportError as err:  # the CLI reports ValueErrors as one line
             raise ValueError(str(err)) from None
@@ -389,15 +435,23 @@ class Mace(Potential):
             block.handle_lammps = types.MethodType(_handle_lammps_traced, block)
         # compiled code runs e3nn's kernels (cuEquivariance's are not traced here)
         object.__setattr__(compiled, "_cueq", None)
+        object.__setattr__(compiled, "_compiles_blocks", False)
         object.__setattr__(compiled, "_cueq_stale", False)
         return compiled
 
     def prepare_capture(self) -> Mace:
-        """Itself: its forward masks NULL atoms, MACE's radial cutoff is zero beyond
-        ``r_max``, and neither e3nn's generated code nor cuEquivariance's kernels
-        synchronize with the host, so a capture keeps them (the compiler cannot trace
-        them: :meth:`prepare_compile`)."""
-        return self
+        """Itself, or with ``compile_blocks`` a copy on the same weights whose blocks run
+        compiled (:func:`._compiled_blocks`): its forward masks NULL atoms, MACE's radial
+        cutoff is zero beyond ``r_max``, and neither e3nn's generated code nor
+        cuEquivariance's kernels synchronize with the host, so a capture keeps them."""
+        if not self._config["compile_blocks"]:
+            return self
+        captured = copy.copy(self)
+        captured._modules = dict(self._modules)  # the same weights
+        # the same kernels' network (made again, compiled, after a change of device)
+        object.__setattr__(captured, "_network", _compiled_blocks(self.network))
+        object.__setattr__(captured, "_compiles_blocks", True)
+        return captured
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:
         return _node_energies(
