@@ -161,7 +161,10 @@ def test_md_run_captured_equals_eager(door, model, nprocs, cells, steps, request
     else:
         run = run_lammps(script, nprocs, tmp_path, timeout=600)
     run.check()
-    capturing = "pair_style nvalchemi: " + CAPTURING.format(name=potential.name) + "\n"
+    name = potential.name
+    if potential.config().get("compile_blocks"):
+        name += r" \(its blocks under torch\.compile\)"
+    capturing = "pair_style nvalchemi: " + CAPTURING.format(name=name) + "\n"
     assert re.search(capturing, run.output), run.output[-3000:]
     # run 0, the MD run, the captured evaluation; the eager pair style reports nothing
     counts = [tuple(map(int, m)) for m in CAPTURED.findall(run.output)]

@@ -71,6 +71,9 @@ class Potential(torch.nn.Module):
     #: fixes it, a capacity at least the most pairs any row receives
     #: (``LocalGraph.row_pairs``), grown as the other capacities are.
     pairs_by_row: bool = False
+    #: What of the potential's captured step runs under ``torch.compile`` ("" for nothing):
+    #: set on the copy :meth:`prepare_capture` makes, for LAMMPS's log.
+    compiled_in_capture: str = ""
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -192,7 +192,7 @@ class Session:
             if mode == "yes":
                 raise ValueError(f"capture yes: {cannot}") from cannot
             return f"CUDA graphs: off, {cannot}"
-        captured = ", ".join(m.name for m in self._captured())
+        captured = ", ".join(_captured_name(m) for m in self._captured())
         eager = [t.name for t in self.potential.parts() if not isinstance(t, CapturedPotential)]
         how = "CUDA graphs" if gpu else "capture on the CPU (padded buffers, no graphs)"
         return f"{how}: {captured}, padded to capacities that grow by 25% when outgrown" + (
@@ -351,3 +351,9 @@ def opened_sessions() -> list[Session]:
     drive LAMMPS in this interpreter and read a session's :attr:`~Session.timings` or
     :meth:`~Session.compile_status`."""
     return [s for s in (ref() for ref in _OPENED) if s is not None]
+
+
+def _captured_name(captured: CapturedPotential) -> str:
+    """The captured potential's name, and what of it is compiled inside the capture."""
+    part = captured.inner.compiled_in_capture
+    return f"{captured.name} ({part} under torch.compile)" if part else captured.name

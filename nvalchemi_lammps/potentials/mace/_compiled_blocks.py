@@ -15,6 +15,7 @@ capacities, which change only when they grow.
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 import torch
@@ -44,13 +45,20 @@ def _compiled_blocks(network: torch.nn.Module) -> torch.nn.Module:
 
 def _compiled(module: torch.nn.Module) -> torch.nn.Module:
     """A shallow copy of ``module`` (its class, its weights) whose forward is compiled."""
-    with without_compiler_warnings():
-        forward = torch.compile(module.forward)
+    forward = _compiled_forward(type(module).forward)
 
     def quietly(*args: Any, **kwargs: Any) -> Any:
         with without_compiler_warnings():  # where it compiles: at the first calls
-            return forward(*args, **kwargs)
+            return forward(module, *args, **kwargs)
 
     compiled = copy.copy(module)
     compiled.forward = quietly
     return compiled
+
+
+@functools.cache
+def _compiled_forward(forward: Any) -> Any:
+    """``forward``, a module class's, compiled once for every module of the class (torch
+    compiles it again only for what its guards tell apart)."""
+    with without_compiler_warnings():
+        return torch.compile(forward)

@@ -451,6 +451,7 @@ class Mace(Potential):
         # the same kernels' network (made again, compiled, after a change of device)
         object.__setattr__(captured, "_network", _compiled_blocks(self.network))
         object.__setattr__(captured, "_compiles_blocks", True)
+        captured.compiled_in_capture = "its blocks"
         return captured
 
     def forward(self, graph: LocalGraph) -> torch.Tensor:
