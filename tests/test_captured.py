@@ -417,37 +417,3 @@ def test_pairs_written_in_place():
     assert [t._version for t in (sink.pair_i, sink.rij, sink.species)] == versions
     assert pair_sink(captured) == sink and captured.captures == 1
     _assert_same(evaluate(captured, graph, in_place=sink.generation + 1), want)
-
-
-@pytest.mark.slow
-def test_mace_blocks_compiled_inside_the_capture():
-    """MACE with ``compile_blocks`` (on cuEquivariance's kernels; their CPU fallback here):
-    captured, its blocks run compiled and the evaluation equals the eager model's to 1e-10
-    in float64, also after the capacities grow (the blocks compiled again, for any shape);
-    where it runs eagerly (ghost features from other ranks) nothing is compiled."""
-    from _mace_models import random_mace
-    from torch._dynamo.utils import counters
-
-    from nvalchemi_lammps.potentials.mace import Mace
-
-    torch._dynamo.reset()
-    counters.clear()
-    potential = Mace.from_model(
-        random_mace(), dtype="float64", kernels="cuequivariance", compile_blocks=True
-    )
-    captured = CapturedPotential(potential)
-    graph = _graph(fcc_argon_222(), potential.spec.cutoff)
-    for _ in range(2):  # the capture, then a replay
-        _assert_same(evaluate(captured, graph), evaluate(potential, graph), rtol=1e-10)
-    compiled = counters["stats"]["unique_graphs"]
-    assert compiled > 0 and captured.captures == 1
-    dense = _graph(fcc_argon_222().strained(np.eye(3) * -0.3), potential.spec.cutoff)
-    _assert_same(evaluate(captured, dense), evaluate(potential, dense), rtol=1e-10)
-    assert captured.captures == 2
-    compiled = counters["stats"]["unique_graphs"]
-
-    eager = CapturedPotential(potential)
-    remote = _graph(fcc_argon_222(), potential.spec.cutoff, RemoteComm)
-    _assert_same(evaluate(eager, remote), evaluate(potential, remote))
-    assert eager.eager_reason is not None
-    assert counters["stats"]["unique_graphs"] == compiled

@@ -2,10 +2,12 @@
 row's features (no exchange strategy: the interaction blocks on all rows, the layers'
 features exchanged in between) equal to eager; with the exchange strategy, exchanges inside
 its blocks at mace-torch's hook point, and on a rank without pairs as many as eagerly.
-(MACE on owned rows with the exchange strategy, equal to eager: tests/test_compiled.py.)"""
+(MACE on owned rows with the exchange strategy, equal to eager: tests/test_compiled.py.)
+And MACE's blocks compiled inside a capture (``compile_blocks``), equal to eager."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from _compiling import ExchangeComm, assert_compiled_equals_eager, evaluate_on, mace
@@ -13,7 +15,7 @@ from _systems import decompose, fcc_argon_222
 
 from nvalchemi_lammps import evaluate
 from nvalchemi_lammps.contract import Comm
-from nvalchemi_lammps.engine import CompiledPotential
+from nvalchemi_lammps.engine import CapturedPotential, CompiledPotential
 
 # every test compiles (minutes of CPU each): make check leaves them out
 pytestmark = pytest.mark.slow
@@ -103,3 +105,36 @@ def test_rank_without_pairs_calls_every_exchange():
         evaluate(run, empty.local_graph(comm))
         calls.append(comm.calls)
     assert calls[0] == calls[1] == ["forward", "reverse"], calls
+
+
+def test_mace_blocks_compiled_inside_the_capture():
+    """MACE with ``compile_blocks`` (on cuEquivariance's kernels; their CPU fallback here):
+    captured, its blocks run compiled and the evaluation equals the eager model's to 1e-10
+    in float64, also after the capacities grow (the blocks compiled again, for any shape);
+    where it runs eagerly (ghost features from other ranks) nothing is compiled."""
+    from _mace_models import random_mace
+    from test_captured import RemoteComm, _assert_same, _graph
+    from torch._dynamo.utils import counters
+
+    from nvalchemi_lammps.potentials.mace import Mace
+
+    counters.clear()
+    potential = Mace.from_model(
+        random_mace(), dtype="float64", kernels="cuequivariance", compile_blocks=True
+    )
+    captured = CapturedPotential(potential)
+    graph = _graph(fcc_argon_222(), potential.spec.cutoff)
+    for _ in range(2):  # the capture, then a replay
+        _assert_same(evaluate(captured, graph), evaluate(potential, graph), rtol=1e-10)
+    compiled = counters["stats"]["unique_graphs"]
+    assert compiled > 0 and captured.captures == 1
+    dense = _graph(fcc_argon_222().strained(np.eye(3) * -0.3), potential.spec.cutoff)
+    _assert_same(evaluate(captured, dense), evaluate(potential, dense), rtol=1e-10)
+    assert captured.captures == 2
+    compiled = counters["stats"]["unique_graphs"]
+
+    eager = CapturedPotential(potential)
+    remote = _graph(fcc_argon_222(), potential.spec.cutoff, RemoteComm)
+    _assert_same(evaluate(eager, remote), evaluate(potential, remote))
+    assert eager.eager_reason is not None
+    assert counters["stats"]["unique_graphs"] == compiled
