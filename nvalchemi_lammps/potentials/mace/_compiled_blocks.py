@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import copy
 import functools
+import types
 from typing import Any
 
 import torch
 
 from .._quiet import without_compiler_warnings
+from ._forward import _handle_lammps_traced
 
 #: what is compiled: modules of the network, and the blocks of its ModuleLists (each keeps
 #: its class: the forward reads the interaction blocks' arguments from it)
@@ -45,13 +47,16 @@ def _compiled_blocks(network: torch.nn.Module) -> torch.nn.Module:
 
 def _compiled(module: torch.nn.Module) -> torch.nn.Module:
     """A shallow copy of ``module`` (its class, its weights) whose forward is compiled."""
+    compiled = copy.copy(module)
+    if hasattr(module, "handle_lammps"):  # an interaction block's ghost exchange, traced
+        # through the contract's exchange, as in the compiled potential (_forward.py)
+        compiled.handle_lammps = types.MethodType(_handle_lammps_traced, compiled)
     forward = _compiled_forward(type(module).forward)
 
     def quietly(*args: Any, **kwargs: Any) -> Any:
         with without_compiler_warnings():  # where it compiles: at the first calls
-            return forward(module, *args, **kwargs)
+            return forward(compiled, *args, **kwargs)
 
-    compiled = copy.copy(module)
     compiled.forward = quietly
     return compiled
 
