@@ -192,6 +192,38 @@ def test_bad_styles_are_refused(tmp_path, capsys, extra, message):
     assert message in capsys.readouterr().out
 
 
+def test_the_command_line_picks_styles_and_model_arguments(tmp_path):
+    from nvalchemi_lammps.cli._bench_config import (
+        model_argument,
+        read_bench_config,
+        with_overrides,
+    )
+
+    peer = '{name: lj, pair_style: "lj/cut 4.0", pair_coeff: ["* * 0.01 3.4"]}'
+    extra = f"styles: [nvalchemi, {peer}, {{name: shell, door: nvalchemi}}]\n"
+    path = _config(tmp_path, '{python: "models.py:build", args: {cutoff: 4.5}}', extra)
+    config = read_bench_config(path)
+    arguments = dict(map(model_argument, ["layers=3", "compile=true", "name=Ar-Ne"]))
+    picked = with_overrides(config, path, styles=["shell", "lj"], model_args=arguments)
+    assert [s.name for s in picked.styles] == ["shell", "lj"]
+    assert picked.model["args"] == {"cutoff": 4.5, "layers": 3, "compile": True, "name": "Ar-Ne"}
+    assert with_overrides(config, path, styles=None, model_args={}) == config
+
+
+@pytest.mark.parametrize(
+    "model, arguments, message",
+    [
+        ('{python: "models.py:build"}', ["--styles", "kk"], "no style kk (styles: nvalchemi)"),
+        ('{python: "models.py:build"}', ["--model-arg", "layers"], "is KEY=VALUE, got 'layers'"),
+        ("{file: model.pt}", ["--model-arg", "a=1"], "go to a model.python function"),
+    ],
+    ids=["style", "argument", "not-python"],
+)
+def test_bad_command_line_overrides_are_refused(tmp_path, capsys, model, arguments, message):
+    assert main(["bench", str(_config(tmp_path, model)), *arguments]) == 2
+    assert message in capsys.readouterr().out
+
+
 #: UMA's need fairchem-core: tests/test_benchmark_models_uma.py builds them, in .venv-uma
 CONFIGS = [
     p

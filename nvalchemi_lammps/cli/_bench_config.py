@@ -4,6 +4,7 @@ timed side by side (this project's doors and their peers), read from YAML or TOM
 from __future__ import annotations
 
 import importlib.util
+import json
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -158,9 +159,32 @@ def with_overrides(config: BenchConfig, where: Path, **values: Any) -> BenchConf
 
     :raises ValueError: values that do not go together
     """
+    styles, model_args = values.pop("styles", None), values.pop("model_args", None)
     config = replace(config, **{k: v for k, v in values.items() if v is not None})
+    if styles:
+        named = {s.name: s for s in config.styles}
+        unknown = [name for name in styles if name not in named]
+        if unknown:
+            raise ValueError(f"{where}: no style {', '.join(unknown)} (styles: {', '.join(named)})")
+        config = replace(config, styles=[named[name] for name in styles])
+    if model_args:
+        if "python" not in config.model:
+            raise ValueError(f"{where}: model arguments go to a model.python function")
+        args = {**config.model.get("args", {}), **model_args}
+        config = replace(config, model={**config.model, "args": args})
     check_config(config, where)
     return config
+
+
+def model_argument(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of the command line: VALUE as JSON (true, 2, 0.5), else as text."""
+    key, equals, value = text.partition("=")
+    if not equals or not key.isidentifier():
+        raise ValueError(f"a model argument is KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def build_system(config: BenchConfig, wanted: int):

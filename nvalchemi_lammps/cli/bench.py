@@ -40,7 +40,9 @@ the GPU); ``nvalchemi/kk`` and ``mliap`` (``pair_style mliap unified``) need a L
 with KOKKOS or ML-IAP and PYTHON, given by its prefix (``lammps:`` or ``--lammps``, from
 tools/build_lammps_*.sh) and, for KOKKOS, ``gpus`` (0: Kokkos on the host); ``mace-torch``
 is mace-torch's own ML-IAP class on the same MACE network. Paths in the configuration are
-relative to its own folder. Results go to ``--out`` as ``bench_<name>.json`` and a plot
+relative to its own folder. The command line picks some of the styles (``--styles
+nvalchemi/kk mace-torch``) and passes arguments to a ``model.python`` function
+(``--model-arg compile_blocks=true``). Results go to ``--out`` as ``bench_<name>.json`` and a plot
 ``bench_<name>.png`` (ms/step against atoms, one line per style and rank count).
 """
 
@@ -63,6 +65,7 @@ from ._bench_config import (
     Style,
     build_model,
     build_system,
+    model_argument,
     read_bench_config,
     save_mace_torch_model,
     with_overrides,
@@ -173,6 +176,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plot", action="store_true", help="write no PNG plot")
     parser.add_argument("--atoms", type=int, nargs="+", help="sizes in place of the config's")
     parser.add_argument("--ranks", type=int, nargs="+", help="rank counts in place of the config's")
+    parser.add_argument("--styles", nargs="+", metavar="NAME", help="the config's styles to time")
+    parser.add_argument(
+        "--model-arg",
+        action="append",
+        metavar="KEY=VALUE",
+        help="an argument of the config's model.python function (repeatable)",
+    )
     parser.add_argument("--rounds", type=int, help="rounds in place of the config's")
     parser.add_argument("--steps", type=int, help="timed steps per run in place of the config's")
     parser.add_argument("--device", choices=["cpu", "cuda"], help="the doors' and model's device")
@@ -238,6 +248,8 @@ def run(args: argparse.Namespace) -> int:
             lammps=args.lammps and args.lammps.resolve(),
             gpus=args.gpus,
             profile=args.profile,
+            styles=args.styles,
+            model_args=dict(model_argument(a) for a in args.model_arg or ()),
         )
         build_system(config, 1)  # the lattice or data file, checked
     except ValueError as err:
