@@ -107,6 +107,27 @@ def test_rank_without_pairs_calls_every_exchange():
     assert calls[0] == calls[1] == ["forward", "reverse"], calls
 
 
+def test_mace_blocks_captured_again_compile_nothing():
+    """A pair style made again on the same file takes the same potential (the session keeps
+    the last one opened): captured again, at the sizes seen before, its blocks compile
+    nothing. (On e3nn's kernels: cuEquivariance's CPU fallback traces its kernels again,
+    new classes that torch's guards tell apart.)"""
+    from _mace_models import random_mace
+    from test_captured import _assert_same, _graph
+    from torch._dynamo.utils import counters
+
+    from nvalchemi_lammps.potentials.mace import Mace
+
+    counters.clear()
+    potential = Mace.from_model(random_mace(), dtype="float64", kernels="e3nn", compile_blocks=True)
+    graph = _graph(fcc_argon_222(), potential.spec.cutoff)
+    _assert_same(evaluate(CapturedPotential(potential), graph), evaluate(potential, graph))
+    compiled = counters["stats"]["unique_graphs"]
+    assert compiled > 0
+    _assert_same(evaluate(CapturedPotential(potential), graph), evaluate(potential, graph))
+    assert counters["stats"]["unique_graphs"] == compiled
+
+
 def test_mace_blocks_compiled_inside_the_capture():
     """MACE with ``compile_blocks`` (on cuEquivariance's kernels; their CPU fallback here):
     captured, its blocks run compiled and the evaluation equals the eager model's to 1e-10

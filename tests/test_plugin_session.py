@@ -89,6 +89,20 @@ def test_missing_model_file(tmp_path):
         open_session(str(path), 1)
 
 
+def test_a_pair_style_made_again_takes_the_same_model(tmp_path, model_path):
+    """A pair style made again on the same unchanged file (a script's second pair_style, the
+    benchmark's turns) takes the potential already loaded, and what torch compiled for it;
+    a file rewritten in between is read anew, and only the last file opened is kept."""
+    first = open_session(model_path, 1).potential
+    assert open_session(model_path, 1).potential is first
+    other = str(save_model(lennard_jones(fcc_argon_222(), cutoff=6.0), tmp_path / "other.pt"))
+    assert open_session(other, 1).cutoff == 6.0
+    again = open_session(model_path, 1)
+    assert again.potential is not first and again.cutoff == 8.5
+    save_model(lennard_jones(fcc_argon_222(), cutoff=7.0), model_path)  # rewritten in place
+    assert open_session(model_path, 1).cutoff == 7.0
+
+
 def _run_world(session_of, system, graphs):
     """Every rank's ``compute`` in its own thread, as ``mpirun -np len(graphs)`` would."""
     world = ThreadWorld(graphs, system.natoms)

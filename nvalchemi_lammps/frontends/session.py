@@ -20,12 +20,13 @@ import os
 import time
 import warnings
 import weakref
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from .._elements import map_elements
-from .._model_file import ModelFileWarning, open_model
+from .._model_file import LoadedModel, ModelFileWarning, open_model
 from .._torch_blas import blas_library
 from ..contract import REPORT_ENV, Potential, resolve_strategy
 from ..engine import (
@@ -54,11 +55,8 @@ class Session:
         self, path: str, num_threads: int, device: str = "cpu", local_rank: int = 0
     ) -> None:
         target = select_device(device, local_rank)
-        with warnings.catch_warnings():
-            # a file without digest: the pair style says so once, on rank 0
-            warnings.simplefilter("ignore", ModelFileWarning)
-            loaded = open_model(path)
-        self._hold(loaded.potential.to(target), str(path), target)
+        loaded = _open_on(path, target)
+        self._hold(loaded.potential, str(path), target)
         # what the ranks compare at init: the same model everywhere
         self.digest, self.digest_verified = loaded.digest, loaded.verified
         # LAMMPS's own thread count per rank (OMP_NUM_THREADS / -pk omp); torch's default
@@ -344,6 +342,33 @@ def select_device(device: str, local_rank: int) -> torch.device:
 
 
 _OPENED: list[weakref.ref[Session]] = []
+
+#: the model file opened last in this process, on its device, by what tells the file on
+#: disk apart: a pair style made again on the same unchanged file (a script's second
+#: ``pair_style``, the benchmark's turns) takes the same potential, and with it what torch
+#: compiled for it (``compile``, MACE's ``compile_blocks``: tens of seconds each time)
+_LAST_OPENED: dict[tuple, LoadedModel] = {}
+
+
+def _open_on(path: str, device: torch.device) -> LoadedModel:
+    """The model file ``path`` opened, its potential on ``device``: the one opened last if
+    that was this file, unchanged, on this device."""
+    try:
+        stat = os.stat(path)
+        key = (os.path.realpath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, str(device))
+    except OSError:  # open_model says what is wrong with it
+        key = None
+    if key is not None and key in _LAST_OPENED:
+        return _LAST_OPENED[key]
+    with warnings.catch_warnings():
+        # a file without digest: the pair style says so once, on rank 0
+        warnings.simplefilter("ignore", ModelFileWarning)
+        loaded = open_model(path)
+    loaded = replace(loaded, potential=loaded.potential.to(device))
+    _LAST_OPENED.clear()
+    if key is not None:
+        _LAST_OPENED[key] = loaded
+    return loaded
 
 
 def opened_sessions() -> list[Session]:
