@@ -42,8 +42,8 @@ tools/build_lammps_*.sh) and, for KOKKOS, ``gpus`` (0: Kokkos on the host); ``ma
 is mace-torch's own ML-IAP class on the same MACE network. Paths in the configuration are
 relative to its own folder. The command line picks some of the styles (``--styles
 nvalchemi/kk mace-torch``) and passes arguments to a ``model.python`` function
-(``--model-arg compile_blocks=true``). Results go to ``--out`` as ``bench_<name>.json`` and a plot
-``bench_<name>.png`` (ms/step against atoms, one line per style and rank count).
+(``--model-arg compile_blocks=true``). Results go to ``--out`` as ``bench_<name>.json``
+and a plot ``bench_<name>.png`` (ms/step against atoms, one line per style and rank count).
 """
 
 from __future__ import annotations

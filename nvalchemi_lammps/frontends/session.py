@@ -346,7 +346,7 @@ _OPENED: list[weakref.ref[Session]] = []
 #: the model file opened last in this process, on its device, by what tells the file on
 #: disk apart: a pair style made again on the same unchanged file (a script's second
 #: ``pair_style``, the benchmark's turns) takes the same potential, and with it what torch
-#: compiled for it (``compile``, MACE's ``compile_blocks``: tens of seconds each time)
+#: compiled for it (MACE's ``compile_blocks``: tens of seconds each time)
 _LAST_OPENED: dict[tuple, LoadedModel] = {}
 
 
