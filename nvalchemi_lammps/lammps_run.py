@@ -77,9 +77,11 @@ def run_command(
     *,
     timeout: float = 900.0,
     env: dict[str, str] | None = None,
+    log: str | os.PathLike | None = None,
 ) -> LammpsRun:
     """Run ``cmd`` (e.g. ``mpirun -np 2 python driver.py``) in ``workdir``, stdout and stderr
-    together.
+    together; with ``log``, written into that file as they come, so that a run cut short
+    from outside (a job's time limit) still leaves its output.
 
     On timeout every process the command started is killed — ``mpirun``, its proxies and
     every rank — so no MPI rank outlives the caller; the run is reported with return code -9.
@@ -87,26 +89,34 @@ def run_command(
     workdir = Path(workdir)
     marker = f"{os.getpid()}-{uuid.uuid4().hex}"
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}), _RUN_MARKER: marker}
-    proc = subprocess.Popen(
-        cmd,
-        cwd=workdir,
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    sink = open(log, "w") if log is not None else None  # noqa: SIM115 (closed below)
     try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_run(proc, marker)
-        output, _ = proc.communicate()
-        return LammpsRun(-9, (output or "") + f"\n[killed after {timeout} s]", workdir)
-    except BaseException:  # KeyboardInterrupt: leave no rank behind either
-        _kill_run(proc, marker)
-        proc.wait()
-        raise
-    return LammpsRun(proc.returncode, output, workdir)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=workdir,
+            env=full_env,
+            stdout=sink or subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+            returncode, note = proc.returncode, ""
+        except subprocess.TimeoutExpired:
+            _kill_run(proc, marker)
+            output, _ = proc.communicate()
+            returncode, note = -9, f"\n[killed after {timeout} s]"
+        except BaseException:  # KeyboardInterrupt: leave no rank behind either
+            _kill_run(proc, marker)
+            proc.wait()
+            raise
+    finally:
+        if sink is not None:
+            sink.close()
+    if log is not None:
+        output = Path(log).read_text(errors="replace")
+    return LammpsRun(returncode, (output or "") + note, workdir)
 
 
 #: Environment variable carrying a token unique to one :func:`run_command` call; every

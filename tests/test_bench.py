@@ -66,6 +66,11 @@ def test_bench_reports_every_run(tmp_path, capsys):
     assert rows[1]["model_ms"] is None
     assert (out / "bench_small.png").read_bytes()[:4] == b"\x89PNG"
     assert "step/mdl" in capsys.readouterr().out
+    # each process's output: LAMMPS's screen and what the run did when
+    for ranks in (1, 2):
+        log = (out / f"bench_small_256_{ranks}.log").read_text()
+        assert "Loop time of" in log and "[bench" in log
+        assert "round 0: nvalchemi timed" in log
 
 
 @pytest.mark.lammps

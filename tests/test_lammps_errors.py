@@ -8,6 +8,7 @@ carry the specific message (pinned fragments, so a vaguer message fails the test
 from __future__ import annotations
 
 import os
+import sys
 import textwrap
 import time
 from dataclasses import dataclass
@@ -165,6 +166,19 @@ def test_hung_run_is_killed_with_every_rank(tmp_path):
     assert "killed after 5 s" in run.output
     assert time.monotonic() - start < 60
     assert _processes_in(tmp_path) == []
+
+
+def test_a_run_killed_leaves_its_log(tmp_path):
+    """With ``log``, what a run wrote before it was killed is in the file as well as in the
+    output (the benchmark keeps each process's log beside its results)."""
+    from nvalchemi_lammps.lammps_run import run_command
+
+    code = "import time; print('set up', flush=True); time.sleep(300)"
+    log = tmp_path / "run.log"
+    run = run_command([sys.executable, "-c", code], tmp_path, timeout=5, log=log)
+    assert run.returncode == -9
+    assert log.read_text() == "set up\n"
+    assert run.output.startswith("set up\n") and "killed after 5 s" in run.output
 
 
 @pytest.mark.parametrize("nprocs", [2, 4], ids=lambda n: f"np{n}")

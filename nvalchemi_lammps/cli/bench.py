@@ -15,7 +15,9 @@ step / model (each round against the mean of the bare model just before and afte
 step - model (the fixed cost of a step beyond the model), for this project's sessions the
 split LAMMPS / bridge / model / collectives, peak memory (host per process, GPU per style);
 with a compiled model, the graphs compiled during the timed steps; with ``profile``, a
-torch.profiler table of each style's last timed run and its timeline.
+torch.profiler table of each style's last timed run and its timeline. Each process's output
+(LAMMPS's screen, what it has done and when) goes to ``bench_<name>_<atoms>_<ranks>.log``
+beside the results as it runs: a run cut short leaves it.
 
     name: lj-argon
     model: {potential: lennard_jones, ...}   # or {file: argon.pt},
@@ -43,7 +45,8 @@ is mace-torch's own ML-IAP class on the same MACE network. Paths in the configur
 relative to its own folder. The command line picks some of the styles (``--styles
 nvalchemi/kk mace-torch``) and passes arguments to a ``model.python`` function
 (``--model-arg compile_blocks=true``). Results go to ``--out`` as ``bench_<name>.json``
-and a plot ``bench_<name>.png`` (ms/step against atoms, one line per style and rank count).
+and a plot ``bench_<name>.png`` (ms/step against atoms, one line per style and rank count),
+each process's output as ``bench_<name>_<atoms>_<ranks>.log``.
 """
 
 from __future__ import annotations
@@ -145,16 +148,17 @@ def _environment(config: BenchConfig) -> dict[str, str]:
 
 
 def _run_process(
-    config: BenchConfig, run: dict, ranks: int, workdir: Path, mpirun: list[str]
+    config: BenchConfig, run: dict, ranks: int, workdir: Path, mpirun: list[str], log: Path
 ) -> dict[str, Any]:
     from ..lammps_run import read_dump, run_command
 
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "run.json").write_text(json.dumps(run))
     cmd = [*mpirun, "-np", str(ranks), sys.executable, "-m", __package__ + "._bench_worker"]
-    done = run_command([*cmd, "run.json"], workdir, timeout=_RUN_TIMEOUT, env=_environment(config))
+    env = _environment(config)
+    done = run_command([*cmd, "run.json"], workdir, timeout=_RUN_TIMEOUT, env=env, log=log)
     if done.returncode != 0:
-        raise RuntimeError(f"the run on {ranks} rank(s) failed:\n{done.output[-3000:]}")
+        raise RuntimeError(f"the run on {ranks} rank(s) failed ({log}):\n{done.output[-3000:]}")
     per_rank = [json.loads((workdir / f"rank{r}.json").read_text()) for r in range(ranks)]
     step0 = [read_dump(workdir / f"step0_{k}.dump") for k in range(len(run["styles"]))]
     return {"ranks": per_rank, "step0": step0}
@@ -293,7 +297,8 @@ def run(args: argparse.Namespace) -> int:
                     }
                 spec = _process_spec(config, setup, models, bare)
                 workdir = tmp / f"{cells}-{ranks}"
-                out = _run_process(config, spec, ranks, workdir, shlex.split(args.mpirun))
+                log = args.out / f"bench_{config.name}_{len(positions)}_{ranks}.log"
+                out = _run_process(config, spec, ranks, workdir, shlex.split(args.mpirun), log)
                 if config.profile:
                     for path in workdir.glob("profile_*_rank0.*"):
                         k = int(path.stem.split("_")[1])
