@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     def progress(what: str) -> None:
         if me == 0:
             print(f"[bench {time.perf_counter() - started:8.1f} s] {what}", flush=True)
+
     if any(s["mliap"] for s in run["styles"]):
         # pair_style mliap unified from a Python-driven LAMMPS needs its Cython module loaded
         import lammps.mliap
