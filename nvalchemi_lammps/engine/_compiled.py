@@ -14,12 +14,12 @@ calls the same collectives.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 from torch.fx.node import has_side_effect
 
+from .._quiet import without_compiler_warnings
 from ..contract import Comm, LocalGraph, Potential
 from ._padding import Capacities, PaddedGraph, PaddedPotential
 
@@ -155,15 +155,7 @@ class CompiledPotential(PaddedPotential):
             owned,
             nghost,
         )
-        with warnings.catch_warnings():
-            # the compiler's own: it reads .grad of its (non-leaf) inputs while it traces,
-            # and its code generation calls TorchScript functions deprecated in torch 2.10+
-            warnings.filterwarnings("ignore", message=r"The \.grad attribute of a Tensor")
-            warnings.filterwarnings("ignore", message=r"`torch\.jit\.", category=DeprecationWarning)
-            # and it instantiates the autograd functions it traces (mace-torch's exchange)
-            warnings.filterwarnings(
-                "ignore", message=r".*should not be instantiated", category=DeprecationWarning
-            )
+        with without_compiler_warnings():
             # new buffers every step, differentiable: the compiled code's backward holds
             # the padded graph it saw, and differentiates into the step's own graph
             padded = PaddedGraph(self.capacities, self.spec.cutoff, graph)

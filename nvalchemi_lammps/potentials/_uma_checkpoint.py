@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ._quiet import without_warp_banner
+from .._quiet import without_warp_banner
 
 _EFS_HEADS = ("MLP_EFS_Head", "MLP_Energy_Head")
 

@@ -74,11 +74,11 @@ from typing import Any
 
 import torch
 
+from .._quiet import without_warnings, without_warp_banner
 from ..contract import LocalGraph, ModelSpec, check_keys
 from . import _capture
 from ._base import Potential, register_potential
 from ._charge import checked_total_charge
-from ._quiet import without_warnings, without_warp_banner
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .._quiet import without_compiler_warnings
+from ..._quiet import without_compiler_warnings
 from ._forward import _handle_lammps_traced
 
 #: what is compiled: modules of the network, and the blocks of its ModuleLists (each keeps

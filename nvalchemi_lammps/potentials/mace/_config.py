@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .._quiet import without_torchscript_warnings as _quiet_torchscript
+from ..._quiet import without_torchscript_warnings as _quiet_torchscript
 from ._kernels import _check_e3nn, _cueq_available
 from ._mace_torch import _default_dtype, _mace
 from ._tensor_product_splits import split_tensor_product_inputs

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from .._quiet import without_torchscript_warnings as _quiet_torchscript
-from .._quiet import without_warnings
+from ..._quiet import without_torchscript_warnings as _quiet_torchscript
+from ..._quiet import without_warnings
 from ._mace_torch import _default_dtype, _inference, _mace
 
 #: Which kernels run the network: ``auto`` = cuEquivariance's on a CUDA device where

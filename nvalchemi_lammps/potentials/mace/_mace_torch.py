@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .._quiet import without_torchscript_warnings as _quiet_torchscript
+from ..._quiet import without_torchscript_warnings as _quiet_torchscript
 
 _INSTALL_HINT = (
     "the mace potential needs mace-torch: pip install 'nvalchemi-lammps[mace]' "

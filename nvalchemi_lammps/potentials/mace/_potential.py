@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+from ..._quiet import without_torchscript_warnings as _quiet_torchscript
 from ...contract import LocalGraph, ModelSpec, check_keys
 from .._base import Potential, register_potential
-from .._quiet import without_torchscript_warnings as _quiet_torchscript
 from ._chunked import check_chunkable
 from ._compiled_blocks import _compiled_blocks
 from ._config import (

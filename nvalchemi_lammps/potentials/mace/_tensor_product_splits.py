@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from .._quiet import without_torchscript_warnings
+from ..._quiet import without_torchscript_warnings
 
 __all__ = ["split_tensor_product_inputs"]
 
