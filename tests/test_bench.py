@@ -5,6 +5,7 @@ across ranks makes it fail, and bad configurations are refused."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -90,6 +91,12 @@ def test_bench_of_a_compiled_model_counts_its_compilations(tmp_path, capsys):
     result = json.loads((tmp_path / "out" / "bench_small.json").read_text())
     # the first steps compiled the model; the timed steps fit its capacities
     assert [(r["ranks"], r["compiled"]) for r in result["rows"]] == [(1, 0)]
+    # the log says what the pair style's and the bare model's graphs are padded to
+    log = (tmp_path / "out" / "bench_small_256_1.log").read_text()
+    assert re.search(
+        r"nvalchemi timed, .* s; \d+ graphs so far, padded to \d+ atoms, \d+ pairs", log
+    )
+    assert re.search(r"the bare model \(padded to \d+ atoms, \d+ pairs\) built", log)
     assert result["rows"][0]["model_ms"] > 0.0  # the bare model, compiled alike, timed
     assert "compiled" in capsys.readouterr().out.splitlines()[0]
 

@@ -88,6 +88,13 @@ def _profiled(lmp, command: str, out: Path):
     prof.export_chrome_trace(str(out.with_suffix(".json")))
 
 
+def _padding(potential) -> str:
+    """What a compiled or captured bare model pads to, for the log."""
+    if hasattr(potential, "pair_capacity"):
+        return f"(padded to {potential.atom_capacity} atoms, {potential.pair_capacity} pairs) "
+    return ""
+
+
 def _gpu_peak_reset() -> None:
     import torch
 
@@ -180,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     for model in bare + graphed:
         model.samples(2)  # builds, warms up (compiles, captures)
     time_bare()
-    if bare:
-        progress("the bare model built, warmed up and timed")
+    for model in bare + graphed:
+        progress(f"the bare model {_padding(model.potential)}built, warmed up and timed")
     runs = []
     for turn in range(run["rounds"]):
         for k in turn_order(list(range(len(styles))), turn):
@@ -225,7 +232,12 @@ def main(argv: list[str] | None = None) -> int:
                 if why := session.eager_after_all():  # captured terms run eagerly after all
                     record["eager"] = why
             runs.append(record)
-            progress(f"round {turn}: {styles[k]['name']} timed, {record['seconds']:.3f} s")
+            graphs = ""
+            if session is not None and (status := session.compile_status())[0] >= 0:
+                graphs = (
+                    f"; {status[0]} graphs so far, padded to {status[1]} atoms, {status[2]} pairs"
+                )
+            progress(f"round {turn}: {styles[k]['name']} timed, {record['seconds']:.3f} s{graphs}")
         time_bare()
     measured = {
         "runs": runs,
