@@ -89,10 +89,10 @@ def _profiled(lmp, command: str, out: Path):
 
 
 def _padding(potential) -> str:
-    """What a compiled or captured bare model pads to, for the log."""
+    """How the bare model runs, for the log: eager, or what it is padded to."""
     if hasattr(potential, "pair_capacity"):
         return f"(padded to {potential.atom_capacity} atoms, {potential.pair_capacity} pairs) "
-    return ""
+    return "(eager) "
 
 
 def _gpu_peak_reset() -> None:
@@ -186,9 +186,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for model in bare + graphed:
         model.samples(2)  # builds, warms up (compiles, captures)
+        progress(f"the bare model {_padding(model.potential)}built and warmed up")
     time_bare()
-    for model in bare + graphed:
-        progress(f"the bare model {_padding(model.potential)}built, warmed up and timed")
     runs = []
     for turn in range(run["rounds"]):
         for k in turn_order(list(range(len(styles))), turn):
