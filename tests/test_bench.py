@@ -283,3 +283,44 @@ def test_results_hold_what_the_docs_cite_and_nothing_else():
     assert kept - cited - {"README.md"} == set(), "kept but not cited"
     indexed = {name for found in re.findall(r"`([^`]+)`", index) for name in _expand(found)}
     assert kept - indexed - {"README.md"} == set(), "not in results/README.md"
+
+
+def test_the_timeline_says_where_a_step_goes_on_the_gpu():
+    """The profile's summary of a GPU timeline (torch.profiler's trace format): busy and
+    idle time, the work by what launched it, kernels outside the graphs, idle stretches
+    with the host operation running then. One step: a graph of two kernels, a Kokkos kernel
+    after 20 us idle (the host in the pair style), an eager kernel overlapping it, a copy."""
+    from nvalchemi_lammps.cli._bench_timeline import timeline_summary
+
+    def op(cat, name, ts, dur, correlation=None):
+        args = {} if correlation is None else {"correlation": correlation}
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": args}
+
+    trace = {
+        "traceEvents": [
+            op("cpu_op", "pair compute", 0, 100),
+            op("cuda_runtime", "cudaGraphLaunch", 10, 5, 1),
+            op("kernel", "graph_first", 20, 30, 1),
+            op("kernel", "graph_second", 50, 20, 1),
+            op("cuda_runtime", "cudaLaunchKernel", 60, 2, 2),
+            op("kernel", "Kokkos::parallel_for pairs", 90, 10, 2),
+            op("cuda_runtime", "cudaLaunchKernel", 62, 2, 3),
+            op("kernel", "elementwise", 95, 10, 3),
+            op("cuda_runtime", "cudaMemcpyAsync", 110, 2, 4),
+            op("gpu_memcpy", "Memcpy DtoH", 120, 5, 4),
+        ]
+    }
+    summary = timeline_summary(trace, steps=1)
+    assert "0.125 ms in all, the GPU busy 0.070 ms and idle 0.035 ms" in summary
+    by_source = summary.split("GPU work by what launched it:\n")[1].split("longest kernels")[0]
+    assert [line.strip() for line in by_source.splitlines()] == [
+        "0.050 ms  CUDA graphs",
+        "0.010 ms  Kokkos (LAMMPS, the pair style)",
+        "0.010 ms  kernels launched one by one (torch)",
+        "0.005 ms  copies and sets",
+    ]
+    outside = summary.split("outside CUDA graphs")[1].split("longest idle")[0]
+    assert "Kokkos::parallel_for pairs" in outside and "graph_first" not in outside
+    idle = summary.split("running meanwhile:\n")[1].splitlines()
+    assert [line.strip() for line in idle] == ["20.0 us  pair compute", "15.0 us  (none traced)"]
+    assert "no GPU work" in timeline_summary({"traceEvents": trace["traceEvents"][:1]}, 1)

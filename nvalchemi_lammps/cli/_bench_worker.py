@@ -72,11 +72,15 @@ class BareModel:
         return times
 
 
-def _profiled(lmp, command: str, out: Path):
-    """``command`` under torch.profiler: its table of ops by total time into ``out``, its
-    timeline (host and GPU, Chrome's trace format: Perfetto opens it) beside it as .json."""
+def _profiled(lmp, command: str, steps: int, out: Path):
+    """``command`` (``steps`` steps) under torch.profiler: its table of ops by total time
+    into ``out``, with a GPU's timeline summed up per step (:mod:`._bench_timeline`) below
+    it; the timeline itself (host and GPU, Chrome's trace format: Perfetto opens it) beside
+    it as .json."""
     import torch
     from torch.profiler import ProfilerActivity, profile
+
+    from ._bench_timeline import timeline_summary
 
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
@@ -84,8 +88,12 @@ def _profiled(lmp, command: str, out: Path):
     with profile(activities=activities) as prof:
         lmp.command(command)
     key = "cuda_time_total" if len(activities) > 1 else "cpu_time_total"
-    out.write_text(prof.key_averages().table(sort_by=key, row_limit=40) + "\n")
-    prof.export_chrome_trace(str(out.with_suffix(".json")))
+    trace = out.with_suffix(".json")
+    prof.export_chrome_trace(str(trace))
+    summary = ""
+    if len(activities) > 1:
+        summary = "\n" + timeline_summary(json.loads(trace.read_text()), steps)
+    out.write_text(prof.key_averages().table(sort_by=key, row_limit=40) + "\n" + summary)
 
 
 def _padding(potential) -> str:
@@ -205,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             command = f"run {run['steps']} pre no post no"
             start, cpu = time.perf_counter(), time.process_time()
             if run["profile"] and turn == run["rounds"] - 1:
-                _profiled(lmp, command, folder / f"profile_{k}_rank{me}.txt")
+                _profiled(lmp, command, run["steps"], folder / f"profile_{k}_rank{me}.txt")
             else:
                 lmp.command(command)
             record = {

@@ -15,7 +15,8 @@ step / model (each round against the mean of the bare model just before and afte
 step - model (the fixed cost of a step beyond the model), for this project's sessions the
 split LAMMPS / bridge / model / collectives, peak memory (host per process, GPU per style);
 with a compiled model, the graphs compiled during the timed steps; with ``profile``, a
-torch.profiler table of each style's last timed run and its timeline. Each process's output
+torch.profiler table of each style's last timed run (on a GPU with its timeline summed up per
+step: busy, idle, what launched the work) and its timeline. Each process's output
 (LAMMPS's screen, what it has done and when) goes to ``bench_<name>_<atoms>_<ranks>.log``
 beside the results as it runs: a run cut short leaves it.
 
