@@ -9,6 +9,7 @@ import re
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from nvalchemi_lammps.cli import main
@@ -324,3 +325,30 @@ def test_the_timeline_says_where_a_step_goes_on_the_gpu():
     idle = summary.split("running meanwhile:\n")[1].splitlines()
     assert [line.strip() for line in idle] == ["20.0 us  pair compute", "15.0 us  (none traced)"]
     assert "no GPU work" in timeline_summary({"traceEvents": trace["traceEvents"][:1]}, 1)
+
+
+def test_the_bare_model_runs_the_potential_the_pair_style_opened(tmp_path):
+    """In the benchmark's process the bare model takes the potential the pair styles opened
+    from the same file (what torch compiled for it is not compiled again), and its own
+    from any other file."""
+    from _systems import fcc_argon_222, lennard_jones
+
+    from nvalchemi_lammps import save_model
+    from nvalchemi_lammps.cli._bench_worker import BareModel
+    from nvalchemi_lammps.frontends.plugin import open_session
+
+    system = fcc_argon_222()
+    model = str(save_model(lennard_jones(system), tmp_path / "model.pt"))
+    other = str(save_model(lennard_jones(system, cutoff=6.0), tmp_path / "other.pt"))
+    np.savez(
+        tmp_path / "system.npz",
+        positions=system.positions,
+        cell=system.cell,
+        types=np.asarray(system.species) + 1,
+    )
+    spec = {"system": str(tmp_path / "system.npz"), "device": "cpu", "compile": "no"}
+    session = open_session(model, 1)
+    bare = BareModel({**spec, "model": model})
+    assert bare.potential is session.potential
+    assert bare.samples(1)[0] > 0.0
+    assert BareModel({**spec, "model": other}).potential.spec.cutoff == 6.0

@@ -41,12 +41,15 @@ class BareModel:
         import numpy as np
         import torch
 
-        from .. import LocalGraph, evaluate, load_model
+        from .. import LocalGraph, evaluate
         from ..engine import capture_potential, compile_potential
+        from ..frontends.session import open_on, select_device
         from ..reference import neighbor_pairs
 
         device = spec["device"]
-        self.potential = load_model(spec["model"]).to(device)
+        # the potential the pair styles opened on rank 0, if they opened this file: the
+        # same weights, and what torch compiled for them is not compiled again
+        self.potential = open_on(spec["model"], select_device(device, 0)).potential
         if spec["compile"] != "no":
             mode = "default" if spec["compile"] == "yes" else spec["compile"]
             self.potential = compile_potential(self.potential, mode)

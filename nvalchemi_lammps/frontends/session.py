@@ -39,7 +39,7 @@ from ..engine import (
     takes_half_pairs,
 )
 
-__all__ = ["Phases", "Session", "Staging", "opened_sessions", "select_device"]
+__all__ = ["Phases", "Session", "Staging", "open_on", "opened_sessions", "select_device"]
 
 
 class Session:
@@ -55,7 +55,7 @@ class Session:
         self, path: str, num_threads: int, device: str = "cpu", local_rank: int = 0
     ) -> None:
         target = select_device(device, local_rank)
-        loaded = _open_on(path, target)
+        loaded = open_on(path, target)
         self._hold(loaded.potential, str(path), target)
         # what the ranks compare at init: the same model everywhere
         self.digest, self.digest_verified = loaded.digest, loaded.verified
@@ -350,9 +350,10 @@ _OPENED: list[weakref.ref[Session]] = []
 _LAST_OPENED: dict[tuple, LoadedModel] = {}
 
 
-def _open_on(path: str, device: torch.device) -> LoadedModel:
+def open_on(path: str, device: torch.device) -> LoadedModel:
     """The model file ``path`` opened, its potential on ``device``: the one opened last if
-    that was this file, unchanged, on this device."""
+    that was this file, unchanged, on this device (also for the benchmark's bare model,
+    which then runs what the pair style compiled)."""
     try:
         stat = os.stat(path)
         key = (os.path.realpath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, str(device))
