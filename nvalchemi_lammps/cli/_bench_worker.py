@@ -99,7 +99,7 @@ def _profiled(lmp, command: str, steps: int, out: Path):
     out.write_text(prof.key_averages().table(sort_by=key, row_limit=40) + "\n" + summary)
 
 
-def _padding(potential) -> str:
+def _how_padded(potential) -> str:
     """How the bare model runs, for the log: eager, or what it is padded to."""
     if hasattr(potential, "pair_capacity"):
         return f"(padded to {potential.atom_capacity} atoms, {potential.pair_capacity} pairs) "
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for model in bare + graphed:
         model.samples(2)  # builds, warms up (compiles, captures)
-        progress(f"the bare model {_padding(model.potential)}built and warmed up")
+        progress(f"the bare model {_how_padded(model.potential)}built and warmed up")
     time_bare()
     runs = []
     for turn in range(run["rounds"]):
