@@ -127,8 +127,12 @@ def test_bench_fails_when_rank_counts_disagree(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize(
     "extra, message",
-    [("colour: red\n", "unknown key(s) colour"), ("units: lj\n", "units must be one of")],
-    ids=["unknown-key", "units"],
+    [
+        ("colour: red\n", "unknown key(s) colour"),
+        ("units: lj\n", "units must be one of"),
+        ("time_limit: 0\n", "time_limit must be positive"),
+    ],
+    ids=["unknown-key", "units", "time-limit"],
 )
 def test_bad_configuration_is_refused(tmp_path, capsys, extra, message):
     config = _config(tmp_path, "{file: missing.pt}", extra)
@@ -352,3 +356,25 @@ def test_the_bare_model_runs_the_potential_the_pair_style_opened(tmp_path):
     assert bare.potential is session.potential
     assert bare.samples(1)[0] > 0.0
     assert BareModel({**spec, "model": other}).potential.spec.cutoff == 6.0
+
+
+@pytest.mark.lammps
+def test_a_time_limit_ends_the_rounds_early(tmp_path, capsys):
+    """With a time limit every process measures its first round and begins no other that
+    would end past the limit, on every rank alike (rank 0's clock decides: 2 ranks end
+    together, no hang), and says so; without one, every round."""
+    config = _config(
+        tmp_path,
+        "{potential: message_passing, elements: [Ar, Ne], cutoff: 4.5, layers: 2}",
+        "rounds: 3\nbare_model: false\n",
+    )
+    out = tmp_path / "out"
+    assert main(["bench", str(config), "--out", str(out), "--no-plot", "--time-limit", "1e-3"]) == 0
+    rows = json.loads((out / "bench_small.json").read_text())["rows"]
+    assert [(r["ranks"], len(r["rounds_ms"])) for r in rows] == [(1, 1), (2, 1)]
+    said = capsys.readouterr().out
+    assert "256 atoms, 2 rank(s): 1 of 3 rounds within the time limit (0.001 s)" in said
+    assert "stopped after 1 of 3 rounds" in (out / "bench_small_256_2.log").read_text()
+    assert main(["bench", str(config), "--out", str(out), "--no-plot", "--ranks", "2"]) == 0
+    rows = json.loads((out / "bench_small.json").read_text())["rows"]
+    assert [len(r["rounds_ms"]) for r in rows] == [3]

@@ -57,6 +57,8 @@ class BenchConfig:
     types: str = "random"  # or "checkerboard": rock salt from an sc lattice of even size
     tolerance: float | None = None  # step-0 agreement across ranks; from the dtype if None
     profile: bool = False  # torch.profiler over each style's last timed run
+    # seconds per process: no round is begun after the first that would end past them
+    time_limit: float | None = None
     folder: Path = Path(".")
 
 
@@ -139,6 +141,8 @@ def check_config(config: BenchConfig, where: Path | str) -> None:
     counts = (config.steps, config.rounds, config.calls)
     if min(config.ranks) < 1 or min(config.atoms) < 1 or min(counts) < 1:
         raise ValueError(f"{where}: ranks, atoms, steps, rounds and calls must be positive")
+    if config.time_limit is not None and not config.time_limit > 0:
+        raise ValueError(f"{where}: time_limit must be positive seconds")
     if not config.styles:
         raise ValueError(f"{where}: no styles to time")
     names = [s.name for s in config.styles]

@@ -7,7 +7,9 @@ hits the styles and the model alike.
 
 ``RUN.json`` holds the LAMMPS command-line arguments (``cmdargs``), the input up to the pair
 style (``setup``), the ``styles`` (name, commands, environment, whether to use a device
-suffix), ``warmup``, ``steps``, ``rounds``, the ``bare`` model (or null) and ``profile``.
+suffix), ``warmup``, ``steps``, ``rounds``, ``time_limit`` (seconds, or null: no round
+after the first begins that would end past it, as rank 0's clock says), the ``bare`` model
+(or null) and ``profile``.
 Every rank writes ``rank<N>.json`` next to it: seconds per timed run, with the phases of
 this project's sessions (``PluginSession.timings``); rank 0 also the bare model's ms.
 Step-0 forces of each style go to ``step0_<k>.dump`` (by atom ID). Rank 0 prints what it
@@ -99,6 +101,13 @@ def _profiled(lmp, command: str, steps: int, out: Path):
     out.write_text(prof.key_averages().table(sort_by=key, row_limit=40) + "\n" + summary)
 
 
+def _rank0_says(yes: bool) -> bool:
+    """Rank 0's ``yes`` on every rank (a collective): what each rank's clock says may differ."""
+    from ..frontends._mpi import allgather
+
+    return bool(allgather(yes)[0])
+
+
 def _how_padded(potential) -> str:
     """How the bare model runs, for the log: eager, or what it is padded to."""
     if hasattr(potential, "pair_capacity"):
@@ -132,12 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     folder = run_file.parent
     run = json.loads(run_file.read_text())
     started = time.perf_counter()
+
+    def clock() -> float:
+        return time.perf_counter() - started
+
     lmp = lammps.lammps(cmdargs=["-log", "none", "-nocite", *run["cmdargs"]])
     me = lmp.extract_setting("world_rank")
 
     def progress(what: str) -> None:
         if me == 0:
-            print(f"[bench {time.perf_counter() - started:8.1f} s] {what}", flush=True)
+            print(f"[bench {clock():8.1f} s] {what}", flush=True)
 
     if any(s["mliap"] for s in run["styles"]):
         # pair_style mliap unified from a Python-driven LAMMPS needs its Cython module loaded
@@ -200,7 +213,16 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"the bare model {_how_padded(model.potential)}built and warmed up")
     time_bare()
     runs = []
+    longest = 0.0  # seconds of the longest round so far
     for turn in range(run["rounds"]):
+        limit = run["time_limit"]
+        if turn and limit is not None and _rank0_says(clock() + longest > limit):
+            progress(
+                f"stopped after {turn} of {run['rounds']} rounds: the next would end past the "
+                f"time limit ({limit:g} s)"
+            )
+            break
+        begun = time.perf_counter()
         for k in turn_order(list(range(len(styles))), turn):
             session = use(k)
             for name, values in initial:
@@ -249,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             progress(f"round {turn}: {styles[k]['name']} timed, {record['seconds']:.3f} s{graphs}")
         time_bare()
+        longest = max(longest, time.perf_counter() - begun)
     measured = {
         "runs": runs,
         "bare_ms": bare_ms,

@@ -18,7 +18,10 @@ with a compiled model, the graphs compiled during the timed steps; with ``profil
 torch.profiler table of each style's last timed run (on a GPU with its timeline summed up per
 step: busy, idle, what launched the work) and its timeline. Each process's output
 (LAMMPS's screen, what it has done and when) goes to ``bench_<name>_<atoms>_<ranks>.log``
-beside the results as it runs: a run cut short leaves it.
+beside the results as it runs: a run cut short leaves it. With ``time_limit`` (seconds per
+process, ``--time-limit``) no round after the first begins that would end past it: a job's
+time limit then ends the benchmark with fewer rounds measured (each process says so), not
+without results.
 
     name: lj-argon
     model: {potential: lennard_jones, ...}   # or {file: argon.pt},
@@ -36,7 +39,8 @@ beside the results as it runs: a run cut short leaves it.
     steps: 50                                # also: warmup, rounds, calls, bare_model,
                                              # device, strategy, compile, lammps, gpus,
                                              # units, timestep, temperature, threads,
-                                             # tolerance, types, profile
+                                             # tolerance, types, profile,
+                                             # time_limit
 
 ``nvalchemi`` is ``pair_style nvalchemi`` (the host door; ``device: cuda`` puts the model on
 the GPU); ``nvalchemi/kk`` and ``mliap`` (``pair_style mliap unified``) need a LAMMPS built
@@ -189,6 +193,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="an argument of the config's model.python function (repeatable)",
     )
     parser.add_argument("--rounds", type=int, help="rounds in place of the config's")
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        metavar="SECONDS",
+        help="per process: no round after the first begins that would end past it",
+    )
     parser.add_argument("--steps", type=int, help="timed steps per run in place of the config's")
     parser.add_argument("--device", choices=["cpu", "cuda"], help="the doors' and model's device")
     parser.add_argument("--lammps", type=Path, help="a LAMMPS prefix (tools/build_lammps_*.sh)")
@@ -230,6 +240,7 @@ def _process_spec(
         "warmup": config.warmup,
         "steps": config.steps,
         "rounds": config.rounds,
+        "time_limit": config.time_limit,
         "bare": bare,
         "profile": config.profile,
     }
@@ -248,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
             atoms=args.atoms,
             ranks=args.ranks,
             rounds=args.rounds,
+            time_limit=args.time_limit,
             steps=args.steps,
             device=args.device,
             lammps=args.lammps and args.lammps.resolve(),
@@ -312,6 +324,11 @@ def run(args: argparse.Namespace) -> int:
                     if not np.isfinite(new.force_difference) or new.force_difference > tolerance:
                         failed.append(new)
                     rows.append(new)
+                if len(rows[-1].rounds_ms) < config.rounds:
+                    print(
+                        f"{len(positions)} atoms, {ranks} rank(s): {len(rows[-1].rounds_ms)} of "
+                        f"{config.rounds} rounds within the time limit ({config.time_limit:g} s)"
+                    )
                 done += 1
                 # after every process, so that a run cut short keeps what it measured
                 result.write_text(
