@@ -1,5 +1,5 @@
-"""Importing and building model packages without their noise: start-up banners, warnings
-about the package rather than the model."""
+"""Importing, building and compiling models without the noise of the packages involved:
+start-up banners, warnings about a package or the compiler rather than the model."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ runs ``validate`` makes of a model file on N ranks (:class:`RunSetup`, :func:`ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -89,8 +90,8 @@ def run_command(
     workdir = Path(workdir)
     marker = f"{os.getpid()}-{uuid.uuid4().hex}"
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}), _RUN_MARKER: marker}
-    sink = open(log, "w") if log is not None else None  # noqa: SIM115 (closed below)
-    try:
+    # with log, the output goes to the file as it comes (read back below)
+    with open(log, "w") if log is not None else contextlib.nullcontext() as sink:
         proc = subprocess.Popen(
             cmd,
             cwd=workdir,
@@ -111,9 +112,6 @@ def run_command(
             _kill_run(proc, marker)
             proc.wait()
             raise
-    finally:
-        if sink is not None:
-            sink.close()
     if log is not None:
         output = Path(log).read_text(errors="replace")
     return LammpsRun(returncode, (output or "") + note, workdir)

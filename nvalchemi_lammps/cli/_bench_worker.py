@@ -213,16 +213,15 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"the bare model {_how_padded(model.potential)}built and warmed up")
     time_bare()
     runs = []
-    longest = 0.0  # seconds of the longest round so far
+    limit, longest = run["time_limit"], 0.0  # seconds of the longest round so far
     for turn in range(run["rounds"]):
-        limit = run["time_limit"]
         if turn and limit is not None and _rank0_says(clock() + longest > limit):
             progress(
                 f"stopped after {turn} of {run['rounds']} rounds: the next would end past the "
                 f"time limit ({limit:g} s)"
             )
             break
-        begun = time.perf_counter()
+        begun = clock()
         for k in turn_order(list(range(len(styles))), turn):
             session = use(k)
             for name, values in initial:
@@ -271,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             progress(f"round {turn}: {styles[k]['name']} timed, {record['seconds']:.3f} s{graphs}")
         time_bare()
-        longest = max(longest, time.perf_counter() - begun)
+        longest = max(longest, clock() - begun)
     measured = {
         "runs": runs,
         "bare_ms": bare_ms,
