@@ -715,10 +715,10 @@ void PairNvalchemi::finish()
 {
   if (padding == Padding::NONE || !session) return;
   NvalchemiLammps::PythonSession::CompileStatus status{-1, 0, 0};
-  std::string eager;
+  std::string notes;
   try {
     status = session->compile_status();
-    if (padding == Padding::CAPTURE) eager = session->eager_after_all();
+    if (padding == Padding::CAPTURE) notes = session->capture_notes();
   } catch (std::exception &err) {
     log_traceback(err);
     abort_one(FLERR, fmt::format("pair_style nvalchemi: {}", err.what()));
@@ -732,13 +732,13 @@ void PairNvalchemi::finish()
                    "pair_style nvalchemi: torch.compile: {} graph(s) compiled during this run, "
                    "{} in all; padded to {} atoms and {} pairs on rank 0\n",
                    most[0], most[1], status.atoms, status.pairs);
-  else if (most[1] > 0 || eager.empty())    // not when nothing was ever captured
+  else if (most[1] > 0 || notes.empty())    // not when nothing was ever captured
     utils::logmesg(lmp,
                    "pair_style nvalchemi: {}: {} captured during this run, {} in all; padded to "
                    "{} atoms and {} pairs on rank 0\n",
                    session->on_device() ? "CUDA graphs" : "capture on the CPU (no graphs)",
                    most[0], most[1], status.atoms, status.pairs);
-  if (!eager.empty()) utils::logmesg(lmp, "pair_style nvalchemi: {}\n", eager);
+  if (!notes.empty()) utils::logmesg(lmp, "pair_style nvalchemi: {}\n", notes);
 }
 
 /* ----------------------------------------------------------------------

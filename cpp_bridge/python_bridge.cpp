@@ -484,13 +484,13 @@ PythonSession::CompileStatus PythonSession::compile_status()
 
 /* ---------------------------------------------------------------------- */
 
-std::string PythonSession::eager_after_all()
+std::string PythonSession::capture_notes()
 {
   GilLock gil;
-  PyRef why(PyObject_CallMethod(static_cast<PyObject *>(session_), "eager_after_all", nullptr));
+  PyRef why(PyObject_CallMethod(static_cast<PyObject *>(session_), "capture_notes", nullptr));
   if (!why) raise_python_error("");
   const char *text = PyUnicode_AsUTF8(why.get());
-  if (!text) raise_python_error("eager_after_all: ");
+  if (!text) raise_python_error("capture_notes: ");
   return text;
 }
 

@@ -114,9 +114,10 @@ class PythonSession {
     long graphs, atoms, pairs;
   };
   CompileStatus compile_status();
-  // why captured terms run eagerly after all ("NAME runs eagerly: REASON"), "" when none
-  // does: the same on every rank, for the log at the end of a run
-  std::string eager_after_all();
+  // what the counts of captures do not say, for the log at the end of a run: why captured
+  // terms run eagerly after all ("NAME runs eagerly: REASON"), how many collectives between
+  // ranks run between the graphs of the others; "" when nothing
+  std::string capture_notes();
 
   // the model takes each pair once (a half neighbor list): asked at each init_style,
   // after the strategy and compile mode are set

@@ -183,6 +183,37 @@ class OneRankComm(AdjointComm):
         return x
 
 
+class RemoteComm(OneRankComm):
+    """:class:`OneRankComm`'s values as if the ghosts came from other ranks: no local owners
+    and not one rank, so that the engine treats every exchange and sum as MPI mid-step;
+    every call of a collective counted (:meth:`taken`)."""
+
+    def __init__(self, owner: np.ndarray, exchange: bool = True, device: str = "cpu") -> None:
+        super().__init__(owner, exchange, device)
+        self.one_rank = False
+        self.calls = {"forward": 0, "reverse": 0, "sum": 0}
+
+    def taken(self) -> dict[str, int]:
+        """The collectives called since the last time asked."""
+        calls, self.calls = self.calls, dict.fromkeys(self.calls, 0)
+        return calls
+
+    def local_owners(self, device: torch.device) -> None:
+        return None
+
+    def _forward(self, src: torch.Tensor) -> torch.Tensor:
+        self.calls["forward"] += 1
+        return super()._forward(src)
+
+    def _reverse(self, src: torch.Tensor) -> torch.Tensor:
+        self.calls["reverse"] += 1
+        return super()._reverse(src)
+
+    def _sum(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls["sum"] += 1
+        return x
+
+
 @dataclass(frozen=True)
 class RankGraph:
     """What one LAMMPS rank would hand the engine: owned rows first, then ghosts.

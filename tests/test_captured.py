@@ -1,19 +1,22 @@
 """Potentials captured on padded graphs (engine/_captured.py) against the same potentials
 run eagerly, on the CPU: the static buffers, the padding, the capacities and when they
-capture again, the exchanges on one rank inside the captured step, and what runs eagerly
-after all. (No CUDA here: the buffers are "replayed" by running the potential on them;
-tests/gpu captures real CUDA graphs.)"""
+capture again, the exchanges on one rank inside the captured step, the collectives between
+ranks between its graphs (never while capturing), and what runs eagerly after all. (No CUDA
+here: the buffers are "replayed" by running the potential on them, the collectives where it
+calls them; tests/gpu captures real CUDA graphs, cut at the collectives.)"""
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import types
 
 import numpy as np
 import pytest
 import torch
 from _systems import (
     OneRankComm,
+    RemoteComm,
     decompose,
     decompose_shell,
     fcc_argon_222,
@@ -28,22 +31,6 @@ from nvalchemi_lammps.engine import CapturedPotential, capture_potential, pair_s
 from nvalchemi_lammps.engine._captured import _Step
 from nvalchemi_lammps.engine._evaluate import _folded
 from nvalchemi_lammps.frontends.session import Session
-
-
-class RemoteComm(OneRankComm):
-    """As if the ghosts came from other ranks: no local owners, MPI mid-step."""
-
-    def __init__(self, owner: np.ndarray, exchange: bool = True) -> None:
-        super().__init__(owner, exchange)
-        self.one_rank = False
-        self.sums = 0
-
-    def local_owners(self, device: torch.device) -> None:
-        return None
-
-    def _sum(self, x: torch.Tensor) -> torch.Tensor:
-        self.sums += 1
-        return x
 
 
 def _mace():
@@ -94,19 +81,28 @@ def test_captured_equals_eager(make):
     """Every potential that runs on padded graphs, captured, on one rank: equal to eager,
     and both equal to the ghost features exchanged eagerly (as between ranks): on one rank
     the engine hands a potential the periodic system without ghost rows, each pair's
-    neighbor named by its owner, so the capture holds the owned rows only."""
+    neighbor named by its owner, so the capture holds the owned rows only. Captured with
+    the ghosts as if from other ranks too (the exchanges between the graphs): equal, the
+    same collectives as eager."""
     potential = make()
     captured = CapturedPotential(potential)
     graph = _graph(fcc_argon_222(), potential.spec.cutoff)
     want = evaluate(potential, graph)
-    _assert_same(
-        want, evaluate(potential, _graph(fcc_argon_222(), potential.spec.cutoff, RemoteComm))
-    )
+    remote = _graph(fcc_argon_222(), potential.spec.cutoff, RemoteComm)
+    _assert_same(want, evaluate(potential, remote))
+    eager_calls = remote.comm.taken()
     for _ in range(2):  # the capture, then a replay
         _assert_same(evaluate(captured, graph), want)
     assert captured.captures == 1 and captured.eager_reason is None
     assert graph.nlocal < captured.atom_capacity < graph.ntotal
     assert captured.pair_capacity > graph.npairs
+
+    several = CapturedPotential(potential)
+    for _ in range(2):
+        _assert_same(evaluate(several, remote), want)
+        assert remote.comm.taken() == eager_calls
+    assert several.captures == 1 and several.eager_reason is None
+    assert several.atom_capacity > remote.ntotal  # the ghost rows padded too
 
 
 def test_capture_again_only_when_outgrown():
@@ -199,15 +195,40 @@ def test_shell_strategy_captured():
     assert captured.captures == 1
 
 
-def test_exchanges_between_ranks_run_eagerly():
-    """Ghost features from other ranks go through MPI every layer, which no graph can
-    hold: the potential runs eagerly from its first step on, saying why, and equal."""
+def _differentiated(potential, graph):
+    """The potential's forward differentiated by autograd, as a pipeline differentiates its
+    terms: what :func:`_assert_same` compares."""
+    rij = graph.rij.clone().requires_grad_(True)
+    energies = potential(dataclasses.replace(graph, rij=rij))[: graph.nlocal]
+    (forces,) = torch.autograd.grad(energies.sum(), rij)
+    return types.SimpleNamespace(
+        pair_forces=forces, energy=float(energies.detach().sum()), atom_energies=energies.detach()
+    )
+
+
+@pytest.mark.parametrize("step", [True, False], ids=["whole-step", "forward-backward"])
+def test_exchanges_between_ranks_between_the_graphs(step):
+    """Ghost features from other ranks go through MPI every layer, which no graph can hold:
+    each exchange runs between two graphs, on the step's own communication and the padded
+    graph's real rows. Equal to eager, also on other counts within the capacities; the
+    same collectives as eager, none while capturing (a rank may capture alone); counted
+    for the log. Both kinds of capture: a front door's whole step, and a pipeline term's
+    forward and backward (an autograd function)."""
     potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, seed=3)
     captured = CapturedPotential(potential)
-    graph = _graph(fcc_argon_222(), 5.0, RemoteComm)
-    _assert_same(evaluate(captured, graph), evaluate(potential, graph))
-    assert captured.captures == 0
-    assert "exchanged through LAMMPS's communication" in captured.eager_reason
+    run = evaluate if step else _differentiated
+    for system in (fcc_argon_222(), fewer_atoms(3, seed=1)):
+        graph = _graph(system, 5.0, RemoteComm)
+        want = run(potential, graph)
+        eager_calls = graph.comm.taken()
+        _assert_same(run(captured, graph), want)
+        assert graph.comm.taken() == eager_calls
+    assert eager_calls == {"forward": 2, "reverse": 2, "sum": 0}
+    assert captured.captures == 1 and captured.eager_reason is None
+    assert captured.collectives == 4
+    assert captured.note() == (
+        "message_passing: 4 exchange(s) or sum(s) between ranks per step, each between two graphs"
+    )
 
 
 class _Summing(Potential):
@@ -231,17 +252,24 @@ class _Summing(Potential):
 
 def test_sums_over_ranks():
     """A sum over ranks is the identity inside a capture on one rank; on several it calls
-    MPI, and the potential runs eagerly (every rank alike: the rank count decides)."""
+    MPI between two graphs: at every replay, never while capturing."""
     one = CapturedPotential(_Summing())
     graph = _graph(fcc_argon_222(), 5.0, exchange=False)
     _assert_same(evaluate(one, graph), evaluate(_Summing(), graph))
-    assert one.captures == 1
+    assert one.captures == 1 and one.collectives == 0 and one.note() == ""
 
     several = CapturedPotential(_Summing())
     remote = _graph(fcc_argon_222(), 5.0, RemoteComm, exchange=False)
-    _assert_same(evaluate(several, remote), evaluate(_Summing(), remote))
-    assert several.captures == 0 and "sums over ranks" in several.eager_reason
-    assert remote.comm.sums == 2  # the eager forward and backward sum for real
+    want = evaluate(_Summing(), remote)
+    assert remote.comm.taken() == {
+        "forward": 0,
+        "reverse": 0,
+        "sum": 1,
+    }  # a constant's: no backward
+    for _ in range(2):
+        _assert_same(evaluate(several, remote), want)
+        assert remote.comm.taken() == {"forward": 0, "reverse": 0, "sum": 1}
+    assert several.captures == 1 and several.collectives == 1
 
 
 def test_closed_forms_stay_eager():

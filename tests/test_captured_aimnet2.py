@@ -16,7 +16,7 @@ import pytest
 import torch
 from _aimnet2_models import ELEMENTS, molecular_box, random_aimnet2
 from _host_syncs import host_syncs
-from _systems import OneRankComm, System, decompose
+from _systems import OneRankComm, RemoteComm, System, decompose
 
 from nvalchemi_lammps import Pipeline, evaluate
 from nvalchemi_lammps.engine import CapturedPotential, capture_potential
@@ -49,9 +49,10 @@ def potential():
     return random_aimnet2(seed=0, model=config)
 
 
-def _graph(system: System, charge: float = 0.0, positions: bool = False):
+def _graph(system: System, charge: float = 0.0, positions: bool = False, comm=OneRankComm):
     """``system`` as one rank with ghosts (its atoms' periodic images) would hand it; with
-    ``positions``: every row's position and the cell (for PME), LAMMPS's charges zero."""
+    ``positions``: every row's position and the cell (for PME), LAMMPS's charges zero; with
+    ``comm=RemoteComm``, as if the ghosts came from other ranks."""
     rank = decompose(system, CUTOFF, 1)[0]
     fields = {"total_charge": charge}
     if positions:
@@ -63,7 +64,7 @@ def _graph(system: System, charge: float = 0.0, positions: bool = False):
             pbc=system.pbc,
             charges=torch.zeros(len(rows), dtype=torch.float64),
         )
-    return rank.local_graph(OneRankComm(rank.owner, exchange=True), **fields)
+    return rank.local_graph(comm(rank.owner, exchange=True), **fields)
 
 
 def _scaled(system: System, factor: np.ndarray, name: str) -> System:
@@ -106,6 +107,21 @@ def test_captured_equals_eager(potential, charge):
     _assert_same(evaluate(captured, graph), evaluate(potential, graph))
     assert captured.captures == 2
     assert captured.capacities.row_pairs > width and captured.pair_capacity > pairs
+
+
+def test_captured_between_ranks(potential):
+    """Ghosts as if from other ranks: the charge equilibration's sums over ranks and the
+    exchanges run between the graphs, at every replay (the same collectives as eager);
+    equal to eager."""
+    captured = CapturedPotential(potential)
+    graph = _graph(SYSTEM, -1.0, comm=RemoteComm)
+    want = evaluate(potential, graph)
+    eager_calls = graph.comm.taken()
+    for _ in range(2):
+        _assert_same(evaluate(captured, graph), want)
+        assert graph.comm.taken() == eager_calls
+    assert eager_calls["sum"] > 0
+    assert captured.captures == 1 and captured.collectives == sum(eager_calls.values())
 
 
 def test_width_counted_when_the_pairs_change(potential, monkeypatch):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from _host_syncs import host_syncs, padded_graph
-from _systems import OneRankComm, System, decompose
+from _systems import OneRankComm, RemoteComm, System, decompose
 from _uma_models import BACKBONE, BALANCED_BACKBONE, ELEMENTS, copper_oxide_box, random_uma
 
 from nvalchemi_lammps import evaluate
@@ -90,10 +90,11 @@ CASES = {
 }
 
 
-def _graph(system: System, charge: float = 0.0, spin=None, task=None):
-    """``system`` as one rank with ghosts (its atoms' periodic images) would hand it."""
+def _graph(system: System, charge: float = 0.0, spin=None, task=None, comm=OneRankComm):
+    """``system`` as one rank with ghosts (its atoms' periodic images) would hand it; with
+    ``comm=RemoteComm``, as if the ghosts came from other ranks."""
     rank = decompose(system, CUTOFF, 1)[0]
-    comm = OneRankComm(rank.owner, exchange=True)
+    comm = comm(rank.owner, exchange=True)
     return rank.local_graph(comm, total_charge=charge, spin=spin, task=task)
 
 
@@ -143,6 +144,26 @@ def test_captured_equals_eager(models, model, charge, spin, task):
     graph = _graph(DENSE, *state)
     _assert_same(evaluate(captured, graph), evaluate(potential, graph))
     assert captured.captures == 2 and captured.pair_capacity > pairs
+
+
+@pytest.mark.parametrize("case", ["balanced-charged", "moe-omol-anion"])
+def test_captured_between_ranks(models, case):
+    """Ghosts as if from other ranks: the exchanges, the composition summed over ranks for
+    the experts and the channel balancing's sums run between the graphs, at every replay
+    (the same collectives as eager), and the evaluation equals eager, also captured again
+    for more pairs."""
+    model, charge, spin, task = CASES[case]
+    potential = models[model]
+    captured = capture_potential(potential)
+    for system in (SYSTEM, STRAINED, DENSE):
+        graph = _graph(system, charge, spin, task, comm=RemoteComm)
+        want = evaluate(potential, graph)
+        eager_calls = graph.comm.taken()
+        _assert_same(evaluate(captured, graph), want)
+        assert graph.comm.taken() == eager_calls
+    assert eager_calls["sum"] > 0 and eager_calls["forward"] > 0
+    assert captured.captures == 2 and captured.eager_reason is None
+    assert captured.collectives == sum(eager_calls.values())
 
 
 @pytest.mark.parametrize("model", ["balanced", "moe"])

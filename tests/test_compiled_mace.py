@@ -131,10 +131,12 @@ def test_mace_blocks_captured_again_compile_nothing():
 def test_mace_blocks_compiled_inside_the_capture():
     """MACE with ``compile_blocks`` (on cuEquivariance's kernels; their CPU fallback here):
     captured, its blocks run compiled and the evaluation equals the eager model's to 1e-10
-    in float64, also after the capacities grow (the blocks compiled again, for any shape);
-    where it runs eagerly (ghost features from other ranks) nothing is compiled."""
+    in float64, also after the capacities grow (the blocks compiled again, for any shape),
+    and with ghost features from other ranks (the exchanges between the graphs, outside the
+    compiled code)."""
     from _mace_models import random_mace
-    from test_captured import RemoteComm, _assert_same, _graph
+    from _systems import RemoteComm
+    from test_captured import _assert_same, _graph
     from torch._dynamo.utils import counters
 
     from nvalchemi_lammps.potentials.mace import Mace
@@ -154,8 +156,11 @@ def test_mace_blocks_compiled_inside_the_capture():
     assert captured.captures == 2
     compiled = counters["stats"]["unique_graphs"]
 
-    eager = CapturedPotential(potential)
+    several = CapturedPotential(potential)
     remote = _graph(fcc_argon_222(), potential.spec.cutoff, RemoteComm)
-    _assert_same(evaluate(eager, remote), evaluate(potential, remote))
-    assert eager.eager_reason is not None
-    assert counters["stats"]["unique_graphs"] == compiled
+    want = evaluate(potential, remote)
+    eager_calls = remote.comm.taken()
+    for _ in range(2):
+        _assert_same(evaluate(several, remote), want, rtol=1e-10)
+        assert remote.comm.taken() == eager_calls
+    assert several.eager_reason is None and several.collectives == 2

@@ -7,8 +7,8 @@ An MD run whose box is compressed by 15 % (neighbor lists rebuilt, atoms crossin
 ranks, pair counts growing past the capacities) through ``nvalchemi`` on 1 and 2 ranks and
 ``nvalchemi/kk`` on 2: the end-of-run lines count the captures, and the last configuration
 evaluated captured equals it evaluated eagerly per atom by ID to 1e-10. The
-message-passing model's ghost exchanges are captured on one rank and run eagerly on two,
-where the log says why. ``capture maybe`` and ``capture yes`` with ``compile`` stop every
+message-passing model's ghost exchanges are captured on one rank; on two and four they run
+between the captured graphs, which the log counts. ``capture maybe`` and ``capture yes`` with ``compile`` stop every
 rank with the reason; ML-IAP takes the setting from the environment. Every LAMMPS run here
 is ``slow`` (tests/conftest.py); the setting's parsing stays in ``make check``.
 """
@@ -26,6 +26,7 @@ from lammps_helpers import (
     AR_MASS,
     assert_matches_reference,
     assert_runs_agree,
+    atoms_per_rank,
     built_lammps,
     comparison_script,
     neighbor_list_builds,
@@ -139,11 +140,18 @@ MD_MODELS = {
 #: compiled inside the capture, compiled again when the capacities grow
 MD_CASES = [
     ("nvalchemi", "message_passing", 1, 4, 200),
+    ("nvalchemi", "message_passing", 2, 5, 200),
     ("nvalchemi", "one_layer", 2, 5, 200),
     ("nvalchemi/kk", "one_layer", 2, 5, 200),
     ("nvalchemi/kk", "message_passing", 1, 4, 200),
+    ("nvalchemi/kk", "message_passing", 2, 5, 200),
     ("nvalchemi/kk", "mace_compiled_blocks", 1, 3, 100),
 ]
+#: the end-of-run note of a model whose exchanges between ranks run between its graphs
+BETWEEN = re.compile(
+    r"pair_style nvalchemi: (\w+): (\d+) exchange\(s\) or sum\(s\) between ranks per step, "
+    r"each between two graphs\n"
+)
 
 
 @pytest.mark.lammps
@@ -175,6 +183,9 @@ def test_md_run_captured_equals_eager(door, model, nprocs, cells, steps, request
     assert builds[1] >= 10, "the run rebuilt no neighbor lists: the test shows nothing"
     assert counts[1][0] >= 1 and counts[1][3] > counts[0][3], "the capacities never grew"
     assert "runs eagerly" not in run.output
+    # two layers on two ranks: an exchange forward and one back; after every run
+    notes = BETWEEN.findall(run.output)
+    assert notes == ([(name, "2")] * 3 if nprocs > 1 and model == "message_passing" else [])
     ids = range(1, 4 * cells**3 + 1)
     captured = read_evaluation(tmp_path, run.output, "captured", ids)
     eager = read_evaluation(tmp_path, run.output, "eager", ids)
@@ -189,23 +200,23 @@ def _slab(workdir):
 
 
 @pytest.mark.lammps
-def test_exchange_between_ranks_runs_eagerly(tmp_path):
-    """Ghost features exchanged between two ranks (MPI mid-step) cannot be inside a CUDA
-    graph: the model runs eagerly, equals the reference, and the log says why."""
+def test_exchanges_between_ranks_between_the_graphs(tmp_path):
+    """Ghost features exchanged between four ranks (MPI mid-step, two ranks in the slab's
+    vacuum without atoms): each exchange runs between two graphs of the captured step,
+    the log says how many per step, and the forces, energies and stress are the
+    reference's."""
     potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, features=12, seed=7)
     path = save_model(potential, tmp_path / "mp.pt")
     data, positions, cell, species = _slab(tmp_path)
     ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
     style = f"nvalchemi {path} strategy exchange capture yes"
-    script = comparison_script(data.name, style, "Ar Ne", "processors 1 1 2")
-    run = run_lammps(script, 2, tmp_path, timeout=600).check()
-    assert (
-        "pair_style nvalchemi: message_passing runs eagerly: its ghost features are exchanged "
-        "through LAMMPS's communication every layer\n" in run.output
-    ), run.output[-3000:]
-    assert not CAPTURED.search(run.output), "nothing was captured: no count to report"
+    script = comparison_script(data.name, style, "Ar Ne", "processors 1 1 4")
+    run = run_lammps(script, 4, tmp_path, timeout=600).check()
+    assert atoms_per_rank(run.output)[0][0] == 0, "every rank has atoms: the test shows less"
+    assert BETWEEN.findall(run.output) == [("message_passing", "4")], run.output[-3000:]
+    assert [m[:2] for m in CAPTURED.findall(run.output)] == [("1", "1")]
     atoms, glob = read_dump(tmp_path / "atoms.dump"), read_results(run.output)
-    assert_matches_reference("capture/exchange-eager/np2", atoms, glob, ref, cell)
+    assert_matches_reference("capture/exchange-between-graphs/np4", atoms, glob, ref, cell)
 
 
 REFUSED = [
@@ -230,22 +241,28 @@ def test_capture_refused(case, argon_data, models, tmp_path):
 
 
 @pytest.mark.lammps
-def test_mliap_unified_captured(tmp_path):
-    """``NVALCHEMI_LAMMPS_CAPTURE=yes`` through KOKKOS ML-IAP on one rank: the
-    message-passing model's exchanges gathered inside the captured step; rank 0 says so
-    once; the reference's numbers."""
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_mliap_unified_captured(nprocs, tmp_path):
+    """``NVALCHEMI_LAMMPS_CAPTURE=yes`` through KOKKOS ML-IAP: the message-passing model's
+    exchanges gathered inside the captured step on one rank, through ML-IAP's communication
+    between the graphs on two; rank 0 says so once; the reference's numbers."""
     _, lmp, env = built_lammps("NVALCHEMI_LAMMPS_MLIAP")
     potential = MessagePassing(["Ar", "Ne"], cutoff=5.0, layers=3, features=8, seed=2)
     path = save_model(potential, tmp_path / "mp.pt")
     data, positions, cell, species = _slab(tmp_path)
     ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
+    processors = "processors 1 1 2" if nprocs == 2 else ""
     (tmp_path / "in.lammps").write_text(
-        comparison_script(data.name, f"mliap unified {path} 0", "Ar Ne")
+        comparison_script(data.name, f"mliap unified {path} 0", "Ar Ne", processors)
     )
-    cmd = lammps_command(1, lmp) + KOKKOS + ["-in", "in.lammps"]
+    cmd = lammps_command(nprocs, lmp) + KOKKOS + ["-in", "in.lammps"]
     run = run_command(cmd, tmp_path, timeout=600, env={**env, CAPTURE_ENV: "yes"}).check()
     line = "nvalchemi-lammps: ML-IAP: " + CAPTURING.format(name="message_passing")
     assert len(re.findall(rf"{line} \({CAPTURE_ENV}\)\n", run.output)) == 1, run.output[-3000:]
+    between = re.findall(
+        r"ML-IAP: message_passing: (\d+) exchange\(s\) or sum\(s\) between", run.output
+    )
+    assert between == ([] if nprocs == 1 else ["4"]), run.output[-3000:]
     assert "runs eagerly" not in run.output
     atoms, glob = read_dump(tmp_path / "atoms.dump"), read_results(run.output)
-    assert_matches_reference("capture/mliap-kokkos/np1", atoms, glob, ref, cell)
+    assert_matches_reference(f"capture/mliap-kokkos/np{nprocs}", atoms, glob, ref, cell)

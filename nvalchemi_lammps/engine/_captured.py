@@ -24,10 +24,13 @@ potential that is a part of another (a pipeline's term) is two graphs over one m
 the forward and the backward, replayed by an autograd function (as
 ``torch.cuda.make_graphed_callables`` does), so that the whole is differentiated as any
 other potential. Ghost exchanges on one rank are a gather and a sum by owned
-row on the device, inside the graphs; exchanges or sums across ranks call MPI from the host
-and cannot be: a potential that needs them there runs eagerly
-(:attr:`CapturedPotential.eager_reason` says why, decided at the first step, the same on
-every rank).
+row on the device, inside the graphs. Exchanges and sums across ranks call MPI from the
+host, which no graph can hold: each cuts the capture in two (:class:`_Segments`) and runs
+between the two graphs at every replay, on the step's own communication (its exchange plan
+changes at every neighbor-list build). No collective runs while a rank captures (the
+others may not be capturing at that step): every rank calls the same ones every step. A
+potential whose capture fails runs eagerly (:attr:`CapturedPotential.eager_reason` says
+why), calling the same collectives.
 
 Without CUDA (the CPU, the tests) the same padded buffers are "replayed" by running the
 potential on them again: everything but the graphs themselves.
@@ -35,15 +38,17 @@ potential on them again: everything but the graphs themselves.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import itertools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from ..contract import AdjointComm, LocalGraph, Potential
+from ..contract import AdjointComm, Comm, LocalGraph, Potential
 from ._evaluation import Evaluation, Readback, check_energies, virial_voigt
 from ._padding import Capacities, PaddedGraph, PaddedPotential
 
@@ -57,27 +62,132 @@ class NotCapturable(RuntimeError):
 
 
 class _StaticComm(AdjointComm):
-    """``graph.comm`` inside the graphs: exchanges by owned row through the static
-    ``owners`` (padded layout, one rank), sums over ranks the identity on one rank."""
+    """``graph.comm`` inside the captured potential. On one rank the exchanges copy and sum
+    rows by the static ``owners`` (padded layout) and a sum over ranks is the identity:
+    inside the graphs. Across ranks each is a collective on the step's communication
+    (:attr:`live`) on the padded graph's real rows (padding rows pass unchanged): recorded as
+    a cut while :attr:`segments` captures, a stand-in (its input) during the other runs of
+    a capture (:meth:`capturing`), run where it is called otherwise (the CPU's replays)."""
 
-    def __init__(self, exchange: bool, owners: torch.Tensor | None, one_rank: bool) -> None:
+    def __init__(
+        self, exchange: bool, owners: torch.Tensor | None, one_rank: bool, padded: PaddedGraph
+    ) -> None:
         self.exchange = exchange
         self.owners = owners
         self.one_rank = one_rank
+        self.padded = padded
+        #: the step's communication, set before each replay
+        self.live: Comm | None = None
+        #: the graphs being captured, which a collective cuts
+        self.segments: _Segments | None = None
+        #: collectives between ranks per run of the potential (forward and backward)
+        self.collectives = 0
+        self._capturing = False
+
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[None]:
+        """Runs of a capture (warm-up, capture): no collective runs, each is counted."""
+        self._capturing, self.collectives = True, 0
+        try:
+            yield
+        finally:
+            self._capturing = False
 
     def _forward(self, src: torch.Tensor) -> torch.Tensor:
-        return src.index_select(0, self.owners)
+        if self.owners is not None:
+            return src.index_select(0, self.owners)
+        return self._between(src, functools.partial(self._exchange, forward=True))
 
     def _reverse(self, src: torch.Tensor) -> torch.Tensor:
-        return torch.zeros_like(src).index_add_(0, self.owners, src)
-
-    def _sum(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.one_rank:
-            raise NotCapturable("it sums over ranks (MPI) inside its forward")
-        return x
+        if self.owners is not None:
+            return torch.zeros_like(src).index_add_(0, self.owners, src)
+        return self._between(src, functools.partial(self._exchange, forward=False))
 
     def allreduce(self, x: torch.Tensor) -> torch.Tensor:
-        return self._sum(x)
+        return x if self.one_rank else super().allreduce(x)
+
+    def _sum(self, x: torch.Tensor) -> torch.Tensor:
+        return self._between(x, self._allreduce)
+
+    # never traced (MACE's compiled blocks call the exchanges): the compiler would guard on
+    # the state of the capture, and compile again inside it
+    @torch.compiler.disable
+    def _between(
+        self, src: torch.Tensor, collective: Callable[[torch.Tensor, torch.Tensor], None]
+    ) -> torch.Tensor:
+        # dst is written by the collective; at a cut, src and dst stay alive with it, so the
+        # pool never hands their memory to another tensor of the graphs
+        dst = torch.empty_like(src)
+        if self.segments is not None:
+            self.collectives += 1
+            self.segments.cut(functools.partial(collective, src, dst))
+        elif self._capturing:  # a warm-up on a GPU, or the CPU's run in place of a capture
+            self.collectives += not src.is_cuda
+            dst.copy_(src)
+        else:
+            collective(src, dst)
+        return dst
+
+    @torch.no_grad()
+    def _exchange(self, src: torch.Tensor, dst: torch.Tensor, forward: bool) -> None:
+        rows = self.padded.rows
+        real = src.index_select(0, rows)
+        out = torch.empty_like(real)
+        self.live.exchange_into(real, out, forward)
+        dst.copy_(src)
+        dst.index_copy_(0, rows, out)
+
+    @torch.no_grad()
+    def _allreduce(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        dst.copy_(self.live.allreduce(src))
+
+
+class _Segments:
+    """CUDA graphs captured one after another on one memory pool and stream, the capture
+    cut where the potential calls a collective between ranks (:class:`_StaticComm`),
+    replayed in order with each collective between its two graphs. One graph where nothing
+    cuts it (one rank)."""
+
+    def __init__(self, pool: Any, stream: torch.cuda.Stream) -> None:
+        self.pool, self.stream = pool, stream
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        self.between: list[Callable[[], None]] = []
+        self._open: Any = None
+
+    def capture(self, run: Callable[[], Any], comm: _StaticComm) -> Any:
+        """``run()`` captured, cut at ``comm``'s collectives; what it returns."""
+        comm.segments = self
+        try:
+            self._begin()
+            try:
+                result = run()
+            except BaseException as failed:
+                with contextlib.suppress(RuntimeError):  # the capture is invalid anyway
+                    self._open.__exit__(type(failed), failed, failed.__traceback__)
+                raise
+            self._open.__exit__(None, None, None)
+        finally:
+            comm.segments = None
+        return result
+
+    def cut(self, collective: Callable[[], None]) -> None:
+        """End the graph being captured here, ``collective`` to run after it, begin the
+        next."""
+        self._open.__exit__(None, None, None)
+        self.between.append(collective)
+        self._begin()
+
+    def _begin(self) -> None:
+        graph = torch.cuda.CUDAGraph()
+        self._open = torch.cuda.graph(graph, pool=self.pool, stream=self.stream)
+        self._open.__enter__()
+        self.graphs.append(graph)
+
+    def replay(self) -> None:
+        for graph, collective in itertools.zip_longest(self.graphs, self.between):
+            graph.replay()
+            if collective is not None:
+                collective()
 
 
 @dataclasses.dataclass
@@ -133,17 +243,17 @@ class _Step:
         self.graph = padded.graph(comm)
         self.dtype = potential.spec.torch_dtype
         self.cuda = padded.rij.is_cuda
-        if self.cuda:
-            _warm_up(self._run)
-            self.cuda_graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.cuda_graph):
+        with comm.capturing():
+            if self.cuda:
+                _warm_up(self._run)
+                self.segments = _Segments(torch.cuda.graph_pool_handle(), torch.cuda.Stream())
+                self.segments.capture(self._run, comm)
+            else:  # what cannot be captured stops here, as on a GPU
                 self._run()
-        else:  # what cannot be captured stops here, as on a GPU
-            self._run()
 
     def replay(self) -> None:
         if self.cuda:
-            self.cuda_graph.replay()
+            self.segments.replay()
         else:
             self._run()
 
@@ -179,8 +289,10 @@ class _Graphs:
     the static inputs it is differentiated for, ``grad_out`` the energies' gradient that
     :meth:`backward` reads."""
 
-    def __init__(self, run: Callable[[], torch.Tensor], leaves: list[torch.Tensor]) -> None:
-        self.run, self.leaves = run, leaves
+    def __init__(
+        self, run: Callable[[], torch.Tensor], leaves: list[torch.Tensor], comm: _StaticComm
+    ) -> None:
+        self.run, self.leaves, self.comm = run, leaves, comm
         self.cuda = leaves[0].is_cuda
         self.energies: torch.Tensor | None = None
         #: forward replays so far: a backward belongs to the last one (its activations)
@@ -198,19 +310,21 @@ class _Graphs:
             energies = self.run()
             self._gradients(energies, torch.ones_like(energies))
 
-        if not self.cuda:  # a warm-up only: what cannot be captured stops here, as on a GPU
-            energies = self.run()
-            self._gradients(energies, torch.ones_like(energies))
-            self.grad_out = torch.zeros_like(energies)
-            return
-        _warm_up(forward_and_backward)
-        self.pool = torch.cuda.graph_pool_handle()
-        self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.forward_graph, pool=self.pool):
-            self.energies = self.run()
-        self.grad_out = torch.zeros_like(self.energies)
-        with torch.cuda.graph(self.backward_graph, pool=self.pool):
-            self.grads = self._gradients(self.energies, self.grad_out)
+        with self.comm.capturing():
+            if not self.cuda:  # a warm-up only: what cannot be captured stops here, as on a GPU
+                energies = self.run()
+                self._gradients(energies, torch.ones_like(energies))
+                self.grad_out = torch.zeros_like(energies)
+                return
+            _warm_up(forward_and_backward)
+            pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+            self.forward_graph = _Segments(pool, stream)
+            self.energies = self.forward_graph.capture(self.run, self.comm)
+            self.grad_out = torch.zeros_like(self.energies)
+            self.backward_graph = _Segments(pool, stream)
+            self.grads = self.backward_graph.capture(
+                lambda: self._gradients(self.energies, self.grad_out), self.comm
+            )
 
     def forward(self) -> torch.Tensor:
         self.replays += 1
@@ -319,6 +433,7 @@ class CapturedPotential(PaddedPotential):
         #: why this potential runs eagerly after all (``None`` while it is captured)
         self.eager_reason: str | None = None
         self._graphs: _Graphs | _Step | None = None
+        self._comm: _StaticComm | None = None  # the graphs' collectives
         self._key: _Key | None = None
         self._padded: PaddedGraph | None = None
         #: the pairs whose most pairs per row were counted last, and that count
@@ -397,27 +512,41 @@ class CapturedPotential(PaddedPotential):
             self._generation,
         )
 
+    @property
+    def collectives(self) -> int:
+        """Exchanges and sums between ranks in one step of the graphs, each run between
+        two of them (MPI, through the host); 0 on one rank and where it runs eagerly."""
+        return 0 if self._comm is None else self._comm.collectives
+
+    def note(self) -> str:
+        """For the log at the end of a run: why the potential runs eagerly, or what runs
+        between its graphs; "" when neither."""
+        if self.eager_reason is not None:
+            return f"{self.name} runs eagerly: {self.eager_reason}"
+        if self.collectives:
+            return (
+                f"{self.name}: {self.collectives} exchange(s) or sum(s) between ranks per step, "
+                "each between two graphs"
+            )
+        return ""
+
     def _run_eagerly(self, reason: NotCapturable) -> None:
-        # the same on every rank (the rank count and the potential decide it), so every
-        # rank calls the same collectives from here on
+        # eagerly, the potential calls the collectives that the graphs' replays call
         self.eager_reason = str(reason)
         self._graphs = None
         self._padded = None
+        self._comm = None
 
     def _ready(self, graph: LocalGraph, step: bool) -> torch.Tensor | None:
         """Capture again if ``graph`` outgrows the capacities or is not of the graphs'
         kind (``step``: :class:`_Step`, else :class:`_Graphs`); the rows each row's forward
-        exchange copies (one rank), or ``None``.
+        exchange copies (one rank: inside the graphs), or ``None``.
 
         :raises NotCapturable: the potential cannot run captured on ``graph``
         """
         self.inner.check_graph(graph)  # the forward's own checks do not run at a replay
         comm = graph.comm
         owners = comm.local_owners(graph.rij.device) if comm.exchange else None
-        if comm.exchange and owners is None:
-            raise NotCapturable(
-                "its ghost features are exchanged through LAMMPS's communication every layer"
-            )
         key = _Key(
             step,
             graph.rij.dtype,
@@ -435,6 +564,7 @@ class CapturedPotential(PaddedPotential):
         if grown or key != self._key or self._graphs is None:
             self._capture(graph, owners, step)
             self._key = key
+        self._comm.live = comm  # what the collectives between ranks run on at this step
         return owners
 
     def _row_pairs(self, graph: LocalGraph) -> int:
@@ -460,20 +590,20 @@ class CapturedPotential(PaddedPotential):
         with torch.no_grad():
             padded.load(graph, owners)
             padded.load_values(*padded.values(graph))
-        comm = _StaticComm(graph.comm.exchange, padded.owners, graph.comm.one_rank)
+        comm = _StaticComm(graph.comm.exchange, padded.owners, graph.comm.one_rank, padded)
         inputs = padded.graph(comm)
         try:
             if step:
                 graphs = _Step(self.inner, padded, comm)
             else:
-                graphs = _Graphs(lambda: self.inner(inputs), padded.leaves)
+                graphs = _Graphs(lambda: self.inner(inputs), padded.leaves, comm)
                 # padding rows have no energy to differentiate
                 padded.keep_padding(graphs.grad_out, 0.0)
         except NotCapturable:
             raise
         except RuntimeError as failed:  # an operation CUDA graphs cannot hold (a host sync)
             raise NotCapturable(f"its capture failed: {failed}") from failed
-        self._graphs, self._padded = graphs, padded
+        self._graphs, self._padded, self._comm = graphs, padded, comm
         self.captures += 1
         self._generation = next(_GENERATIONS)
 

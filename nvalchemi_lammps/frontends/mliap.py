@@ -402,9 +402,9 @@ class MLIAPModel(MLIAPUnified):
         if not result.finite:  # read with the energy: no extra host sync
             raise FloatingPointError(self._non_finite(result, graph))
         if self._evaluations == 1 and _mpi.rank() == 0:  # decided at the first call
-            eager = self.session.eager_after_all()
-            if eager:
-                print(f"nvalchemi-lammps: ML-IAP: {eager}", flush=True)
+            notes = self.session.capture_notes()
+            if notes:
+                print(f"nvalchemi-lammps: ML-IAP: {notes}", flush=True)
 
     def _start(self) -> MliapSettings:
         """The run's settings, once every rank is known to run the same model with the same

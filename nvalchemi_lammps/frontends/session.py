@@ -211,13 +211,15 @@ class Session:
         )
 
     def eager_after_all(self) -> str:
-        """Why captured terms run eagerly after all (decided at their first step, the same
-        on every rank), "" when none does: for the log at the end of a run."""
-        return "; ".join(
-            f"{m.name} runs eagerly: {m.eager_reason}"
-            for m in self._captured()
-            if m.eager_reason is not None
-        )
+        """Why captured terms run eagerly after all (decided at their first capture), ""
+        when none does."""
+        return "; ".join(m.note() for m in self._captured() if m.eager_reason is not None)
+
+    def capture_notes(self) -> str:
+        """For the log at the end of a run, what the counts of captures do not say: why
+        captured terms run eagerly after all, how many collectives between ranks run
+        between the graphs of the others; "" when nothing."""
+        return "; ".join(note for m in self._captured() if (note := m.note()))
 
     def _compiled(self) -> list[CompiledPotential]:
         return [m for m in self.potential.modules() if isinstance(m, CompiledPotential)]

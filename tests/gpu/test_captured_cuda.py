@@ -1,8 +1,8 @@
 """Potentials captured as CUDA graphs (engine/_captured.py) on a GPU, against the same
 potentials run eagerly there: one rank (whose ghosts the engine folds into their owners),
-replays after the capture, a capture again when a graph outgrows the capacities; DFT-D3,
-Ewald and PME (explicit alpha and resolution; their ghosts gathered inside the graphs)
-likewise. Needs no LAMMPS."""
+replays after the capture, a capture again when a graph outgrows the capacities; ghosts as
+if from other ranks, exchanged between graph segments; DFT-D3, Ewald and PME (explicit alpha
+and resolution; their ghosts gathered inside the graphs) likewise. Needs no LAMMPS."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
-from _systems import OneRankComm, decompose, fcc_argon_222
+from _systems import OneRankComm, RemoteComm, decompose, fcc_argon_222
 from test_captured import POTENTIALS as CAPTURED_ON_CPU
 from test_captured import _assert_same as _assert_same_short_range
+from test_captured import _differentiated
 from test_captured_long_range import POTENTIALS as LONG_RANGE
 from test_captured_long_range import _assert_same
 from test_captured_long_range import _graphs as long_range_graphs
@@ -23,9 +24,9 @@ from nvalchemi_lammps import MessagePassing, evaluate
 from nvalchemi_lammps.engine import CapturedPotential
 
 
-def _graph(system, cutoff):
+def _graph(system, cutoff, comm_type=OneRankComm):
     rank = decompose(system, cutoff, 1)[0]
-    graph = rank.local_graph(OneRankComm(rank.owner, device="cuda"))
+    graph = rank.local_graph(comm_type(rank.owner, device="cuda"))
     return type(graph)(
         graph.nlocal,
         graph.species.cuda(),
@@ -75,6 +76,37 @@ def test_captured_equals_eager_on_gpu(cuda, name):
             assert got.energy == pytest.approx(want.energy, rel=rtol)
     assert captured.eager_reason is None
     assert captured.captures == 2
+
+
+@pytest.mark.parametrize("step", [True, False], ids=["whole-step", "forward-backward"])
+@pytest.mark.parametrize("name", ["message_passing", "mace64"])
+def test_exchanges_between_ranks_between_graph_segments(cuda, name, step):
+    """Ghosts as if from other ranks (exchanged by the host, between graphs): each capture
+    cut at every exchange, replayed segment by segment with the exchanges between, on the
+    step's own rows. Equal to eager at replays and after a capture again; the same
+    collectives as eager, none while capturing. A front door's whole step, and a pipeline
+    term's forward and backward (two segmented captures on one memory pool)."""
+    potential = POTENTIALS[name]().cuda()
+    captured = CapturedPotential(potential)
+    run = evaluate if step else _differentiated
+    systems = [
+        fcc_argon_222(),
+        fcc_argon_222().strained(np.eye(3) * 0.02),  # within the capacities: a replay
+        fcc_argon_222().strained(np.eye(3) * -0.3),  # more pairs: a capture again
+    ]
+    for system in systems:
+        graph = _graph(system, potential.spec.cutoff, RemoteComm)
+        want = run(potential, graph)
+        eager_calls = graph.comm.taken()
+        for _ in range(3):  # replays
+            _assert_same_short_range(run(captured, graph), want)
+            assert graph.comm.taken() == eager_calls
+    assert captured.eager_reason is None and captured.captures == 2
+    exchanges = eager_calls["forward"] + eager_calls["reverse"]
+    assert exchanges > 0 and captured.collectives == exchanges
+    graphs = captured._graphs
+    segments = [graphs.segments] if step else [graphs.forward_graph, graphs.backward_graph]
+    assert sum(len(s.graphs) for s in segments) == exchanges + len(segments)
 
 
 def test_mace_pair_chunks_on_gpu(cuda):
