@@ -42,6 +42,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -163,9 +164,9 @@ class _Segments:
                 result = run()
             except BaseException as failed:
                 with contextlib.suppress(RuntimeError):  # the capture is invalid anyway
-                    self._open.__exit__(type(failed), failed, failed.__traceback__)
+                    self._end(failed)
                 raise
-            self._open.__exit__(None, None, None)
+            self._end()
         finally:
             comm.segments = None
         return result
@@ -173,9 +174,18 @@ class _Segments:
     def cut(self, collective: Callable[[], None]) -> None:
         """End the graph being captured here, ``collective`` to run after it, begin the
         next."""
-        self._open.__exit__(None, None, None)
+        self._end()
         self.between.append(collective)
         self._begin()
+
+    def _end(self, failed: BaseException | None = None) -> None:
+        with warnings.catch_warnings():
+            # two collectives in a row leave an empty graph between them, replayed as nothing
+            warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+            if failed is None:
+                self._open.__exit__(None, None, None)
+            else:
+                self._open.__exit__(type(failed), failed, failed.__traceback__)
 
     def _begin(self) -> None:
         graph = torch.cuda.CUDAGraph()

@@ -15,7 +15,7 @@ import torch
 from _systems import OneRankComm, RemoteComm, decompose, fcc_argon_222
 from test_captured import POTENTIALS as CAPTURED_ON_CPU
 from test_captured import _assert_same as _assert_same_short_range
-from test_captured import _differentiated
+from test_captured import _differentiated, _Summing
 from test_captured_long_range import POTENTIALS as LONG_RANGE
 from test_captured_long_range import _assert_same
 from test_captured_long_range import _graphs as long_range_graphs
@@ -107,6 +107,33 @@ def test_exchanges_between_ranks_between_graph_segments(cuda, name, step):
     graphs = captured._graphs
     segments = [graphs.segments] if step else [graphs.forward_graph, graphs.backward_graph]
     assert sum(len(s.graphs) for s in segments) == exchanges + len(segments)
+
+
+class _TwoSums(_Summing):
+    """Pair energies times their total summed over ranks twice in a row: nothing runs
+    between the two collectives, forward or backward (empty graphs between the cuts)."""
+
+    def forward(self, graph):
+        r = torch.linalg.norm(graph.rij, dim=1)
+        pair = torch.where(r < self.spec.cutoff, (self.spec.cutoff - r) ** 2, 0.0)
+        total = graph.comm.allreduce(graph.comm.allreduce(pair.sum().view(1)))
+        energies = torch.zeros(graph.ntotal, dtype=r.dtype, device=r.device)
+        return energies.index_add(0, graph.pair_i, pair) * total
+
+
+def test_collectives_in_a_row_between_graph_segments(cuda):
+    """Two sums over ranks in a row, each differentiated: the graphs between them are empty
+    and replay as nothing; equal to eager, the same collectives."""
+    potential = _TwoSums()
+    captured = CapturedPotential(potential)
+    graph = _graph(fcc_argon_222(), potential.spec.cutoff, RemoteComm)
+    want = evaluate(potential, graph)
+    eager_calls = graph.comm.taken()
+    assert eager_calls["sum"] == 4  # two forward, two in the backward
+    for _ in range(3):
+        _assert_same_short_range(evaluate(captured, graph), want)
+        assert graph.comm.taken() == eager_calls
+    assert captured.eager_reason is None and captured.collectives == 4
 
 
 def test_mace_pair_chunks_on_gpu(cuda):
