@@ -200,7 +200,8 @@ def _slab(workdir):
 
 
 @pytest.mark.lammps
-def test_exchanges_between_ranks_between_the_graphs(tmp_path):
+@pytest.mark.parametrize("door", ["nvalchemi", "nvalchemi/kk"])
+def test_exchanges_between_ranks_between_the_graphs(door, request, tmp_path):
     """Ghost features exchanged between four ranks (MPI mid-step, two ranks in the slab's
     vacuum without atoms): each exchange runs between two graphs of the captured step,
     the log says how many per step, and the forces, energies and stress are the
@@ -211,12 +212,16 @@ def test_exchanges_between_ranks_between_the_graphs(tmp_path):
     ref = evaluate_reference(potential, positions, cell, (True, True, True), species)
     style = f"nvalchemi {path} strategy exchange capture yes"
     script = comparison_script(data.name, style, "Ar Ne", "processors 1 1 4")
-    run = run_lammps(script, 4, tmp_path, timeout=600).check()
+    if door == "nvalchemi/kk":
+        run = request.getfixturevalue("kokkos_lammps").run(script, 4, tmp_path)
+    else:
+        run = run_lammps(script, 4, tmp_path, timeout=600)
+    run.check()
     assert atoms_per_rank(run.output)[0][0] == 0, "every rank has atoms: the test shows less"
     assert BETWEEN.findall(run.output) == [("message_passing", "4")], run.output[-3000:]
     assert [m[:2] for m in CAPTURED.findall(run.output)] == [("1", "1")]
     atoms, glob = read_dump(tmp_path / "atoms.dump"), read_results(run.output)
-    assert_matches_reference("capture/exchange-between-graphs/np4", atoms, glob, ref, cell)
+    assert_matches_reference(f"capture/{door}/between-graphs/np4", atoms, glob, ref, cell)
 
 
 REFUSED = [
