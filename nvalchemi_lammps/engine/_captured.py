@@ -159,14 +159,16 @@ class _Segments:
         """``run()`` captured, cut at ``comm``'s collectives; what it returns."""
         comm.segments = self
         try:
-            self._begin()
-            try:
-                result = run()
-            except BaseException as failed:
-                with contextlib.suppress(RuntimeError):  # the capture is invalid anyway
-                    self._end(failed)
-                raise
-            self._end()
+            # around every graph's own: after a failed capture the caller's stream comes back
+            with torch.cuda.stream(self.stream):
+                self._begin()
+                try:
+                    result = run()
+                except BaseException as failed:
+                    with contextlib.suppress(RuntimeError):  # the capture is invalid anyway
+                        self._end(failed)
+                    raise
+                self._end()
         finally:
             comm.segments = None
         return result
