@@ -59,7 +59,7 @@ WARMUP = 3
 
 
 class NotCapturable(RuntimeError):
-    """The potential cannot run inside a CUDA graph here (it needs MPI mid-step)."""
+    """The potential cannot run inside a CUDA graph here (its capture failed)."""
 
 
 class _StaticComm(AdjointComm):
@@ -87,8 +87,8 @@ class _StaticComm(AdjointComm):
 
     @contextlib.contextmanager
     def capturing(self) -> Iterator[None]:
-        """Runs of a capture (warm-up, capture): no collective runs, each is counted."""
-        self._capturing, self.collectives = True, 0
+        """Runs of a capture (warm-up, capture): no collective runs."""
+        self._capturing = True
         try:
             yield
         finally:
@@ -611,8 +611,6 @@ class CapturedPotential(PaddedPotential):
                 graphs = _Graphs(lambda: self.inner(inputs), padded.leaves, comm)
                 # padding rows have no energy to differentiate
                 padded.keep_padding(graphs.grad_out, 0.0)
-        except NotCapturable:
-            raise
         except RuntimeError as failed:  # an operation CUDA graphs cannot hold (a host sync)
             raise NotCapturable(f"its capture failed: {failed}") from failed
         self._graphs, self._padded, self._comm = graphs, padded, comm
