@@ -19,7 +19,7 @@
 #        ~=2.8, 2.22-2.24 ~=2.13), none the 2.11 of the GPU machine;
 #        DIR/lammps-cut.tar.xz: Debian's LAMMPS source cut by tools/cut_lammps_source.sh to
 #        what the build reads, without the KOKKOS variants of core styles these runs do not
-#        use (the build and the plugin then fit a 10-minute job on 16 cores).
+#        use nor ML-SNAP's (the build and the plugin then fit a 10-minute job on 16 cores).
 # build  installs DIR/wheels and those of DIR/wheels-cuda.tar.xz into PREFIX/site (outside
 #        DIR, which a later call may carry again), then LAMMPS into PREFIX: unpacked from
 #        DIR/lammps-built.tar.xz.part-* where `pack` made them for the same machine and

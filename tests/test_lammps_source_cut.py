@@ -142,3 +142,31 @@ def test_cut_keeps_what_a_kept_variant_includes(tmp_path: Path) -> None:
     result = cut(source_tarball(tmp_path, "", files), tmp_path / "cut", styles="pair_lj_cut")
     assert result.returncode == 1
     assert "pair_lj_cut_kokkos.cpp includes pair_born_kokkos.h" in result.stdout
+
+
+#: a package's variants that the cut leaves out by default (ML-SNAP's), with their headers
+SNAP = {
+    "src/ML-SNAP/pair_snap.cpp": "",
+    **{
+        f"src/KOKKOS/pair_snap_kokkos{suffix}": '#include "pair_snap_kokkos.h"\n'
+        for suffix in (".cpp", ".h", "_impl.h")
+    },
+}
+
+
+def test_cut_leaves_out_the_packages_variants_it_is_told_to(tmp_path: Path) -> None:
+    source = source_tarball(tmp_path, "", VARIANTS | SNAP)
+    out = tmp_path / "cut"
+    result = cut(source, out, styles="pair_lj_cut")  # by default ML-SNAP's
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 core styles and 1 of packages" in result.stdout
+    assert not list((out / "src" / "KOKKOS").glob("pair_snap_kokkos*"))
+    assert (out / "src" / "KOKKOS" / "pair_mliap_kokkos.cpp").exists()
+    # named: empty keeps them; a style without a variant is an error
+    env = {**os.environ, "KOKKOS_STYLES": "pair_lj_cut", "KOKKOS_LEAVE_OUT": ""}
+    assert tool("cut_lammps_source.sh", source, out, env=env).returncode == 0
+    assert len(list((out / "src" / "KOKKOS").glob("pair_snap_kokkos*"))) == 3
+    env["KOKKOS_LEAVE_OUT"] = "pair_snap pair_nothing"
+    result = tool("cut_lammps_source.sh", source, out, env=env)
+    assert result.returncode == 1
+    assert "no KOKKOS variant of pair_nothing" in result.stdout

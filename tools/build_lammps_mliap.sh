@@ -85,7 +85,8 @@ rm -rf lammps plugin-sdk plugin-build install python
 # tests run under -sf kk and the GPU build keeps (benchmarks/kokkos_offline.sh), fix deform
 # besides: the other 55 core styles still run under -sf kk, on the host, as every style
 # without a KOKKOS variant does. 531 build steps instead of 586; a build without ccache took
-# 1,236 s of CPU instead of about 1,525 (measured on the 2-core machine, under load)
+# 1,236 s of CPU instead of about 1,525 (measured on the 2-core machine, under load); and,
+# by the cut's default, none of ML-SNAP's 4 KOKKOS variants (SNAP's kernels)
 KOKKOS_STYLES="pair_lj_cut pair_hybrid pair_hybrid_overlay pair_zero fix_nve fix_nvt fix_npt
   fix_nph fix_langevin fix_momentum fix_setforce fix_property_atom fix_minimize
   fix_neigh_history fix_dt_reset fix_deform compute_temp" \

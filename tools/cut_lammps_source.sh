@@ -14,7 +14,11 @@
 #          stay, e.g. "pair_lj_cut fix_nve compute_temp": the variants of the other core
 #          styles are left out (56 of 590 build steps fewer), so that a build fits a job's
 #          time limit. Those styles still run under `-sf kk`, on the host, as every style
-#          without a KOKKOS variant does. Variants of the packages' styles always stay.
+#          without a KOKKOS variant does. Variants of the packages' styles stay, but for
+# KOKKOS_LEAVE_OUT  (with KOKKOS_STYLES) package styles whose KOKKOS variants go too; by
+#          default ML-SNAP's (ML-IAP needs the package, nothing here its KOKKOS styles: SNAP's
+#          kernels, heavy templates, the last objects a 16-core CUDA build finished); set it
+#          empty to keep them
 #
 # Debian's 214 MB tarball gives 23 MB, 3.7 MB as `tar | xz -6`.
 set -euo pipefail
@@ -62,7 +66,18 @@ if [ -n "${KOKKOS_STYLES:-}" ] && [ -d "$out/src/KOKKOS" ]; then
     case $keep in *" $style "*) continue ;; esac
     left_out+=("${style}_kokkos")
   done
-  for name in "${left_out[@]}"; do rm -f "$name.cpp" "$name.h"; done
+  core=${#left_out[@]}
+  if [ -n "${KOKKOS_LEAVE_OUT+set}" ]; then  # named: each must be there
+    for style in $KOKKOS_LEAVE_OUT; do
+      [ -f "${style}_kokkos.cpp" ] || { echo "no KOKKOS variant of $style to leave out"; exit 1; }
+      left_out+=("${style}_kokkos")
+    done
+  else  # the default: those this LAMMPS has
+    for style in pair_snap compute_sna_grid compute_sna_grid_local compute_gaussian_grid_local; do
+      if [ -f "${style}_kokkos.cpp" ]; then left_out+=("${style}_kokkos"); fi
+    done
+  fi
+  for name in "${left_out[@]}"; do rm -f "$name.cpp" "$name.h" "${name}_impl.h"; done
   # what is built must not include what went (variants of styles of packages not kept,
   # never built, may)
   for name in "${left_out[@]}"; do
@@ -73,6 +88,6 @@ if [ -n "${KOKKOS_STYLES:-}" ] && [ -d "$out/src/KOKKOS" ]; then
       fi
     done
   done
-  echo "left out the KOKKOS variants of ${#left_out[@]} core styles"
+  echo "left out the KOKKOS variants of $core core styles and $(( ${#left_out[@]} - core )) of packages"
 fi
 echo "$out: $(du -sh "$out" | cut -f1), packages ${packages[*]}"
