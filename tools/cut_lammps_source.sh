@@ -81,7 +81,7 @@ if [ -n "${KOKKOS_STYLES:-}" ] && [ -d "$out/src/KOKKOS" ]; then
   # what is built must not include what went (variants of styles of packages not kept,
   # never built, may)
   for name in "${left_out[@]}"; do
-    for file in $(grep -l "\"$name.h\"" -- *.cpp *.h 2>/dev/null || true); do
+    for file in $(grep -lE "\"$name(_impl)?\.h\"" -- *.cpp *.h 2>/dev/null || true); do
       base=${file%_kokkos.*}
       if [ -f "../$base.cpp" ] || compgen -G "../*/$base.cpp" >/dev/null || [ "$base" = "$file" ]; then
         echo "$file includes $name.h: keep ${name%_kokkos} in KOKKOS_STYLES"; exit 1
