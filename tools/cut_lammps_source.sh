@@ -17,8 +17,8 @@
 #          without a KOKKOS variant does. Variants of the packages' styles stay, but for
 # KOKKOS_LEAVE_OUT  (with KOKKOS_STYLES) package styles whose KOKKOS variants go too; by
 #          default ML-SNAP's (ML-IAP needs the package, nothing here its KOKKOS styles: SNAP's
-#          kernels, heavy templates, the last objects a 16-core CUDA build finished); set it
-#          empty to keep them
+#          kernels, heavy templates; pair_snap's was the last object a 16-core CUDA build
+#          finished); set it empty to keep them
 #
 # Debian's 214 MB tarball gives 23 MB, 3.7 MB as `tar | xz -6`.
 set -euo pipefail
