@@ -84,7 +84,8 @@ if [ -n "${KOKKOS_STYLES:-}" ] && [ -d "$out/src/KOKKOS" ]; then
     for file in $(grep -lE "\"$name(_impl)?\.h\"" -- *.cpp *.h 2>/dev/null || true); do
       base=${file%_kokkos.*}
       if [ -f "../$base.cpp" ] || compgen -G "../*/$base.cpp" >/dev/null || [ "$base" = "$file" ]; then
-        echo "$file includes $name.h: keep ${name%_kokkos} in KOKKOS_STYLES"; exit 1
+        echo "$file includes $name.h: keep ${name%_kokkos} (in KOKKOS_STYLES, or out of" \
+          "KOKKOS_LEAVE_OUT)"; exit 1
       fi
     done
   done
