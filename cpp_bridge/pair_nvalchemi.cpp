@@ -91,7 +91,7 @@ class PairCollectives : public Collectives {
 
 PairNvalchemi::PairNvalchemi(LAMMPS *lmp) :
     Pair(lmp), session(nullptr), layers(1), shell(0), half_pairs(false), map(nullptr),
-    padding(Padding::NONE), graphs_before(0),
+    padding(Padding::NONE), graphs_before(0), seconds_before(0.0),
     exchange_rows(nullptr), exchange_width(0), exchange_offset(0), exchange_count(0), maxatom(0),
     maxpair(0),
     species(nullptr), owner(nullptr), exchange_plan(new ExchangePlan(world)),
@@ -487,6 +487,7 @@ void PairNvalchemi::settings(int narg, char **arg)
     error->all(FLERR, "pair_style nvalchemi: {}", err.what());
   }
   graphs_before = 0;
+  seconds_before = 0.0;
   layers = session->layers();
   shell = session->strategy() == "shell" ? 1 : 0;
   ghostneigh = shell;
@@ -714,7 +715,7 @@ double PairNvalchemi::init_one(int i, int j)
 void PairNvalchemi::finish()
 {
   if (padding == Padding::NONE || !session) return;
-  NvalchemiLammps::PythonSession::CompileStatus status{-1, 0, 0};
+  NvalchemiLammps::PythonSession::CompileStatus status{-1, 0, 0, 0.0};
   std::string notes;
   try {
     status = session->compile_status();
@@ -725,7 +726,11 @@ void PairNvalchemi::finish()
   }
   long local[2] = {status.graphs - graphs_before, status.graphs}, most[2];
   MPI_Allreduce(local, most, 2, MPI_LONG, MPI_MAX, world);
+  // the slowest rank's captures: what the run waited for
+  double seconds = status.seconds - seconds_before, longest = 0.0;
+  MPI_Allreduce(&seconds, &longest, 1, MPI_DOUBLE, MPI_MAX, world);
   graphs_before = status.graphs;
+  seconds_before = status.seconds;
   if (comm->me != 0) return;
   if (padding == Padding::COMPILE)
     utils::logmesg(lmp,
@@ -734,10 +739,11 @@ void PairNvalchemi::finish()
                    most[0], most[1], status.atoms, status.pairs);
   else if (most[1] > 0 || notes.empty())    // not when nothing was ever captured
     utils::logmesg(lmp,
-                   "pair_style nvalchemi: {}: {} captured during this run, {} in all; padded to "
-                   "{} atoms and {} pairs on rank 0\n",
+                   "pair_style nvalchemi: {}: {} captured during this run{}, {} in all; padded "
+                   "to {} atoms and {} pairs on rank 0\n",
                    session->on_device() ? "CUDA graphs" : "capture on the CPU (no graphs)",
-                   most[0], most[1], status.atoms, status.pairs);
+                   most[0], most[0] ? fmt::format(" in {:.2f} s", longest) : "", most[1],
+                   status.atoms, status.pairs);
   if (!notes.empty()) utils::logmesg(lmp, "pair_style nvalchemi: {}\n", notes);
 }
 

@@ -65,6 +65,7 @@ class PairNvalchemi : public Pair {
   enum class Padding { NONE, COMPILE, CAPTURE };
   Padding padding;
   long graphs_before;    // graphs compiled or captured on this rank before the current run
+  double seconds_before; // seconds the captures took on this rank before the current run
 
   // the rows being exchanged: width values per atom, columns [offset, offset+count)
   double *exchange_rows;

@@ -22,8 +22,8 @@ namespace {
 constexpr const char *FRONTEND_MODULE = "nvalchemi_lammps.frontends.plugin";
 constexpr const char *TORCH_BLAS_MODULE = "nvalchemi_lammps._torch_blas";
 // The step record's version (STEP_PROTOCOL in nvalchemi_lammps/frontends/_step.py): bumped
-// on both sides with every change of its fields
-constexpr long STEP_PROTOCOL = 4;
+// on both sides with every change of its fields or of what the session's calls return
+constexpr long STEP_PROTOCOL = 5;
 
 std::string fmt_protocol_mismatch(long python_protocol)
 {
@@ -476,8 +476,9 @@ PythonSession::CompileStatus PythonSession::compile_status()
   GilLock gil;
   PyRef status(PyObject_CallMethod(static_cast<PyObject *>(session_), "compile_status", nullptr));
   if (!status) raise_python_error("");
-  CompileStatus result{-1, 0, 0};
-  if (!PyArg_ParseTuple(status.get(), "lll", &result.graphs, &result.atoms, &result.pairs))
+  CompileStatus result{-1, 0, 0, 0.0};
+  if (!PyArg_ParseTuple(status.get(), "llld", &result.graphs, &result.atoms, &result.pairs,
+                        &result.seconds))
     raise_python_error("compile_status: ");
   return result;
 }

@@ -112,6 +112,7 @@ class PythonSession {
   // capacities padded to
   struct CompileStatus {
     long graphs, atoms, pairs;
+    double seconds;    // the captures' wall time (0 for torch.compile)
   };
   CompileStatus compile_status();
   // what the counts of captures do not say, for the log at the end of a run: why captured

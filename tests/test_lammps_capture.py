@@ -51,9 +51,11 @@ from nvalchemi_lammps.reference import evaluate_reference
 #: What the pair style prints at the end of a run with ``capture yes`` on the CPU: captures
 #: during the run and in all, the capacities on rank 0.
 CAPTURED = re.compile(
-    r"pair_style nvalchemi: capture on the CPU \(no graphs\): (\d+) captured during this run, "
-    r"(\d+) in all; padded to (\d+) atoms and (\d+) pairs on rank 0"
+    r"pair_style nvalchemi: capture on the CPU \(no graphs\): (\d+) captured during this run"
+    r"(?: in \d+\.\d\d s)?, (\d+) in all; padded to (\d+) atoms and (\d+) pairs on rank 0"
 )
+#: the same line's captures during the run and how long they took (" in S s" when any)
+CAPTURED_IN = re.compile(r"(\d+) captured during this run( in \d+\.\d\d s)?, ")
 #: What the session says at ``capture yes`` on the CPU, for model NAME (the growth of the
 #: capacities is the engine's to tune)
 CAPTURING = (
@@ -182,6 +184,9 @@ def test_md_run_captured_equals_eager(door, model, nprocs, cells, steps, request
     assert counts[0][:2] == (1, 1), "run 0 captures once"
     assert builds[1] >= 10, "the run rebuilt no neighbor lists: the test shows nothing"
     assert counts[1][0] >= 1 and counts[1][3] > counts[0][3], "the capacities never grew"
+    # how long the captures took, where any ran
+    timed = [(int(n), bool(took)) for n, took in CAPTURED_IN.findall(run.output)]
+    assert timed == [(c[0], c[0] > 0) for c in counts], run.output[-3000:]
     assert "runs eagerly" not in run.output
     # two layers on two ranks: an exchange forward and one back; after every run
     notes = BETWEEN.findall(run.output)
@@ -264,6 +269,10 @@ def test_mliap_unified_captured(nprocs, tmp_path):
     run = run_command(cmd, tmp_path, timeout=600, env={**env, CAPTURE_ENV: "yes"}).check()
     line = "nvalchemi-lammps: ML-IAP: " + CAPTURING.format(name="message_passing")
     assert len(re.findall(rf"{line} \({CAPTURE_ENV}\)\n", run.output)) == 1, run.output[-3000:]
+    took = (
+        r"nvalchemi-lammps: ML-IAP: capture on the CPU \(no graphs\): 1 captured in \d+\.\d\d s\n"
+    )
+    assert len(re.findall(took, run.output)) == 1, run.output[-3000:]
     between = re.findall(
         r"ML-IAP: message_passing: (\d+) exchange\(s\) or sum\(s\) between", run.output
     )

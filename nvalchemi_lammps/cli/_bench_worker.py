@@ -267,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             if session is not None and (status := session.compile_status())[0] >= 0:
                 graphs = (
                     f"; {status[0]} graphs so far, padded to {status[1]} atoms, {status[2]} pairs"
+                    + (f", captured in {status[3]:.2f} s" if status[3] else "")
                 )
             progress(f"round {turn}: {styles[k]['name']} timed, {record['seconds']:.3f} s{graphs}")
         time_bare()

@@ -42,6 +42,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -442,6 +443,9 @@ class CapturedPotential(PaddedPotential):
         self.eager = potential
         #: captures so far (one forward and one backward graph each)
         self.captures = 0
+        #: wall seconds they took: the warm-up runs, the capture, what torch compiles inside
+        #: it (the GPU's work included)
+        self.capture_seconds = 0.0
         #: why this potential runs eagerly after all (``None`` while it is captured)
         self.eager_reason: str | None = None
         self._graphs: _Graphs | _Step | None = None
@@ -594,6 +598,7 @@ class CapturedPotential(PaddedPotential):
     def _capture(self, graph: LocalGraph, owners: torch.Tensor | None, step: bool) -> None:
         """Static buffers of the padded graph (holding ``graph``) and the graphs of the
         potential on them (``step``: of the whole evaluation)."""
+        started = time.perf_counter()
         self._graphs = None  # the old graphs' memory goes back before the new capture
         self._padded = None
         padded = PaddedGraph(
@@ -616,6 +621,9 @@ class CapturedPotential(PaddedPotential):
         self._graphs, self._padded, self._comm = graphs, padded, comm
         self.captures += 1
         self._generation = next(_GENERATIONS)
+        if padded.rij.is_cuda:
+            torch.cuda.synchronize(padded.rij.device)
+        self.capture_seconds += time.perf_counter() - started
 
 
 def capture_potential(potential: Potential, headroom: float = 0.05) -> Potential:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Bumped with every change of the record's fields or of what ``compute`` returns; the
-#: same number is compiled into the pair style (``STEP_PROTOCOL`` in python_bridge.cpp).
-STEP_PROTOCOL = 4
+#: Bumped with every change of the record's fields or of what ``compute`` (or another call
+#: of the pair style's, such as ``compile_status``) returns; the same number is compiled into
+#: the pair style (``STEP_PROTOCOL`` in python_bridge.cpp).
+STEP_PROTOCOL = 5
 
 
 @dataclass(frozen=True)

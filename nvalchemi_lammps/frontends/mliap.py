@@ -402,6 +402,12 @@ class MLIAPModel(MLIAPUnified):
         if not result.finite:  # read with the energy: no extra host sync
             raise FloatingPointError(self._non_finite(result, graph))
         if self._evaluations == 1 and _mpi.rank() == 0:  # decided at the first call
+            captures, _, _, seconds = self.session.compile_status()
+            if seconds:  # what the first step waited for
+                gpu = self.session.device.type == "cuda"
+                how = "CUDA graphs" if gpu else "capture on the CPU (no graphs)"
+                line = f"{how}: {captures} captured in {seconds:.2f} s"
+                print(f"nvalchemi-lammps: ML-IAP: {line}", flush=True)
             notes = self.session.capture_notes()
             if notes:
                 print(f"nvalchemi-lammps: ML-IAP: {notes}", flush=True)

@@ -55,7 +55,11 @@ class Session:
         self, path: str, num_threads: int, device: str = "cpu", local_rank: int = 0
     ) -> None:
         target = select_device(device, local_rank)
+        started = time.perf_counter()
         loaded = open_on(path, target)
+        #: seconds the file took to open on its device (read, the network built, its weights
+        #: moved and converted there; 0 for the file opened last, unchanged: the same model)
+        self.open_seconds = time.perf_counter() - started
         self._hold(loaded.potential, str(path), target)
         # what the ranks compare at init: the same model everywhere
         self.digest, self.digest_verified = loaded.digest, loaded.verified
@@ -69,6 +73,7 @@ class Session:
         unpickled it), on the potential's device; torch's thread count and the device are
         left to whoever made it (ML-IAP)."""
         session = cls.__new__(cls)
+        session.open_seconds = 0.0
         session._hold(potential, "", potential_device(potential))
         session.digest, session.digest_verified = None, False  # no file read
         return session
@@ -111,7 +116,7 @@ class Session:
         return (
             f"{self.potential.name} model: elements {' '.join(spec.elements)}, "
             f"cutoff {spec.cutoff:g}, units {spec.units}, {spec.dtype}, on {self.device}, "
-            f"BLAS of {_blas_name()}"
+            f"opened in {self.open_seconds:.2f} s, BLAS of {_blas_name()}"
         )
 
     def set_strategy(self, strategy: str) -> None:
@@ -197,17 +202,19 @@ class Session:
             f"; eager: {', '.join(eager)}" if eager else ""
         )
 
-    def compile_status(self) -> tuple[int, int, int]:
+    def compile_status(self) -> tuple[int, int, int, float]:
         """Graphs compiled (``torch.compile``) or captured (CUDA graphs) so far, -1 when
         neither; the atom capacity graphs are padded to and the pair capacity (summed over a
-        pipeline's terms)."""
+        pipeline's terms); the seconds the captures took (0 for ``torch.compile``, which
+        compiles inside the steps)."""
         padded = self._compiled() or self._captured()
         if not padded:
-            return -1, 0, 0
+            return -1, 0, 0, 0.0
         return (
             sum(getattr(m, "compilations", 0) + getattr(m, "captures", 0) for m in padded),
             max(m.atom_capacity for m in padded),
             sum(m.pair_capacity for m in padded),
+            sum(getattr(m, "capture_seconds", 0.0) for m in padded),
         )
 
     def eager_after_all(self) -> str:
