@@ -708,7 +708,8 @@ double PairNvalchemi::init_one(int i, int j)
 /* ----------------------------------------------------------------------
    end of a run: how many graphs torch.compile compiled, or how many times the
    model was captured, during it (the most on any rank; after the first run of
-   an MD simulation this should stay 0), and rank 0's notes: which captured terms
+   an MD simulation this should stay 0) and how long the captures took on the
+   slowest rank (what step 0 waited for), and rank 0's notes: which captured terms
    run eagerly after all, how many collectives between ranks run between graphs
 ------------------------------------------------------------------------- */
 
